@@ -1,0 +1,232 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Mode says where a tenant's control plane runs.
+// +kubebuilder:validation:Enum=standalone;registered
+type Mode string
+
+const (
+	// ModeStandalone runs the control plane only as hosted pods; it never
+	// registers Nodes in the tenant.
+	ModeStandalone Mode = "standalone"
+	// ModeRegistered runs the control plane on the tenant's own
+	// control-plane Hosts, registered as tainted Nodes.
+	ModeRegistered Mode = "registered"
+)
+
+// ComponentSpec customises one control-plane component.
+type ComponentSpec struct {
+	// ExtraArgs are added to the component's command line as --key=value, and
+	// replace a default of the same key. Flags that bind the tenant to its
+	// datastore credentials (etcd-*) cannot be set.
+	// +optional
+	ExtraArgs map[string]string `json:"extraArgs,omitempty"`
+	// Resources of the component's container. Unset requests get small
+	// defaults so that many tenants fit a management cluster.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// NetworkSpec says how the tenant API is exposed and addressed.
+type NetworkSpec struct {
+	// ServiceType of the tenant API Service.
+	// +kubebuilder:validation:Enum=LoadBalancer;NodePort;ClusterIP
+	// +optional
+	ServiceType corev1.ServiceType `json:"serviceType,omitempty"`
+	// Address asks for a fixed IP: the LoadBalancer IP for LoadBalancer
+	// Services, the node address clients use for NodePort Services.
+	// +optional
+	Address string `json:"address,omitempty"`
+	// Port the tenant API listens on, in the pod and on the Service.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+	// CertSANs are extra DNS names or IPs in the API serving certificate.
+	// +listType=set
+	// +optional
+	CertSANs []string `json:"certSANs,omitempty"`
+	// PodCIDR is the tenant's cluster CIDR, from which nodes get pod ranges.
+	// +optional
+	PodCIDR string `json:"podCIDR,omitempty"`
+	// ServiceCIDR is the tenant's Service IP range.
+	// +optional
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	// DNSServiceIP is the cluster DNS Service IP, inside ServiceCIDR.
+	// +optional
+	DNSServiceIP string `json:"dnsServiceIP,omitempty"`
+	// ClusterDomain is the tenant's DNS domain.
+	// +optional
+	ClusterDomain string `json:"clusterDomain,omitempty"`
+}
+
+// AddonSpec toggles an addon applied inside the tenant.
+type AddonSpec struct {
+	// Enabled turns the addon on (the default) or off.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// AddonsSpec toggles the addons Apiary applies inside the tenant.
+type AddonsSpec struct {
+	// +optional
+	CoreDNS AddonSpec `json:"coreDNS,omitempty"`
+	// +optional
+	KubeProxy AddonSpec `json:"kubeProxy,omitempty"`
+	// +optional
+	Konnectivity AddonSpec `json:"konnectivity,omitempty"`
+}
+
+// TenantControlPlaneSpec is the desired tenant control plane.
+type TenantControlPlaneSpec struct {
+	// Version of Kubernetes, vMAJOR.MINOR.PATCH. Upgrades go one minor at a
+	// time; downgrades are refused.
+	// +optional
+	Version string `json:"version,omitempty"`
+	// Mode: standalone (hosted pods only) or registered (control plane on the
+	// tenant's own Hosts, registered as Nodes).
+	// +optional
+	Mode Mode `json:"mode,omitempty"`
+	// Replicas of the control-plane Deployment.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=7
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// DataStore names the DataStore holding the tenant's state. Empty lets
+	// placement choose one; the choice is recorded in status.dataStore and
+	// cannot change afterwards.
+	// +optional
+	DataStore string `json:"dataStore,omitempty"`
+	// +optional
+	Network NetworkSpec `json:"network,omitempty"`
+	// +optional
+	APIServer ComponentSpec `json:"apiServer,omitempty"`
+	// +optional
+	ControllerManager ComponentSpec `json:"controllerManager,omitempty"`
+	// +optional
+	Scheduler ComponentSpec `json:"scheduler,omitempty"`
+	// +optional
+	Addons AddonsSpec `json:"addons,omitempty"`
+}
+
+// DataStoreBinding records where a tenant's state lives.
+type DataStoreBinding struct {
+	// Name of the DataStore.
+	Name string `json:"name,omitempty"`
+	// Prefix of the tenant's keys in etcd.
+	Prefix string `json:"prefix,omitempty"`
+	// User is the tenant's etcd user (and role).
+	User string `json:"user,omitempty"`
+}
+
+// CertificateStatus records one issued certificate.
+type CertificateStatus struct {
+	// Name of the certificate (ca, apiserver, ...).
+	Name string `json:"name"`
+	// Secret holding it.
+	Secret string `json:"secret"`
+	// NotAfter is when it expires.
+	NotAfter metav1.Time `json:"notAfter"`
+}
+
+// TenantControlPlaneStatus is the observed state of a tenant control plane.
+type TenantControlPlaneStatus struct {
+	// ObservedGeneration is the generation the status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions: DataStoreReady, CertificatesReady, EndpointReady,
+	// ControlPlaneAvailable and Ready (all of them, and the tenant API
+	// answering through its endpoint).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Phase summarises the conditions: Provisioning, Ready, NotReady or
+	// Deleting.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// Version running (the version of the available control-plane pods).
+	// +optional
+	Version string `json:"version,omitempty"`
+	// Mode in effect.
+	// +optional
+	Mode Mode `json:"mode,omitempty"`
+	// Endpoint is the tenant API URL clients use.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+	// KubeconfigSecret names the Secret with the admin kubeconfig.
+	// +optional
+	KubeconfigSecret string `json:"kubeconfigSecret,omitempty"`
+	// Replicas is the number of control-plane pods.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// ReadyReplicas is the number of ready control-plane pods.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// Selector of the control-plane pods, for the scale subresource.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// DataStore binding of the tenant.
+	// +optional
+	DataStore DataStoreBinding `json:"dataStore,omitempty"`
+	// Certificates issued for the tenant, with their expiry.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Certificates []CertificateStatus `json:"certificates,omitempty"`
+}
+
+// Phase summarises a TenantControlPlane's conditions.
+type Phase string
+
+const (
+	PhaseProvisioning Phase = "Provisioning"
+	PhaseReady        Phase = "Ready"
+	PhaseNotReady     Phase = "NotReady"
+	PhaseDeleting     Phase = "Deleting"
+)
+
+// Condition types of a TenantControlPlane. Ready is also used by DataStore.
+const (
+	ConditionDataStoreReady        = "DataStoreReady"
+	ConditionCertificatesReady     = "CertificatesReady"
+	ConditionEndpointReady         = "EndpointReady"
+	ConditionControlPlaneAvailable = "ControlPlaneAvailable"
+	ConditionReady                 = "Ready"
+)
+
+// TenantControlPlane is a Kubernetes control plane hosted for a tenant.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=tcp
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",message="metadata.name must be a DNS-1035 label: at most 63 lower-case letters, digits and '-', starting with a letter and ending with a letter or digit (it names the tenant's Service)"
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.mode`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="DataStore",type=string,JSONPath=`.status.dataStore.name`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TenantControlPlane struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   TenantControlPlaneSpec   `json:"spec,omitempty"`
+	Status TenantControlPlaneStatus `json:"status,omitempty"`
+}
+
+// TenantControlPlaneList is a list of TenantControlPlanes.
+// +kubebuilder:object:root=true
+type TenantControlPlaneList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []TenantControlPlane `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&TenantControlPlane{}, &TenantControlPlaneList{})
+}

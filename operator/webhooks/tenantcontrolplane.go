@@ -1,0 +1,267 @@
+// Package webhooks holds Apiary's admission webhooks: defaulting and
+// validation of TenantControlPlanes. Every rejection names the field and the
+// rule it breaks.
+package webhooks
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/util/version"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+// Supported Kubernetes minor versions (major 1).
+const (
+	MinSupportedMinor = 35
+	MaxSupportedMinor = 37
+)
+
+// protectedArgs are flags of the tenant's components that bind it to its
+// datastore credentials and prefix: overriding them would let a tenant point
+// its API server at another tenant's keys (etcd would refuse, but the failure
+// would be confusing) or drop the client certificate.
+var protectedArgs = map[string]bool{
+	"etcd-servers":  true,
+	"etcd-prefix":   true,
+	"etcd-cafile":   true,
+	"etcd-certfile": true,
+	"etcd-keyfile":  true,
+}
+
+// +kubebuilder:webhook:path=/mutate-apiary-dev-v1alpha1-tenantcontrolplane,mutating=true,failurePolicy=fail,sideEffects=None,groups=apiary.dev,resources=tenantcontrolplanes,verbs=create;update,versions=v1alpha1,name=mtenantcontrolplane.apiary.dev,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-apiary-dev-v1alpha1-tenantcontrolplane,mutating=false,failurePolicy=fail,sideEffects=None,groups=apiary.dev,resources=tenantcontrolplanes,verbs=create;update,versions=v1alpha1,name=vtenantcontrolplane.apiary.dev,admissionReviewVersions=v1
+
+// TenantControlPlane defaults and validates TenantControlPlanes.
+type TenantControlPlane struct{}
+
+// Setup registers the webhooks with the manager.
+func (w TenantControlPlane) Setup(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &apiary.TenantControlPlane{}).
+		WithDefaulter(w).
+		WithValidator(w).
+		Complete()
+}
+
+// Default fills unset fields.
+func (TenantControlPlane) Default(_ context.Context, tcp *apiary.TenantControlPlane) error {
+	tcp.Default()
+	return nil
+}
+
+// ValidateCreate checks a new TenantControlPlane.
+func (TenantControlPlane) ValidateCreate(_ context.Context, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
+	return warnings(tcp), invalid(tcp, Validate(tcp))
+}
+
+// ValidateUpdate checks a change, including the rules that compare with the
+// previous object (no downgrade, no skipped minor, immutable fields).
+func (TenantControlPlane) ValidateUpdate(_ context.Context, old, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
+	errs := Validate(tcp)
+	errs = append(errs, ValidateUpdate(old, tcp)...)
+	return warnings(tcp), invalid(tcp, errs)
+}
+
+// ValidateDelete allows every deletion; the finalizer cleans up.
+func (TenantControlPlane) ValidateDelete(context.Context, *apiary.TenantControlPlane) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func warnings(tcp *apiary.TenantControlPlane) admission.Warnings {
+	if tcp.Spec.Mode == apiary.ModeRegistered {
+		return admission.Warnings{"spec.mode: registered is accepted but not supported yet; the control plane runs standalone and Ready stays False"}
+	}
+	return nil
+}
+
+func invalid(tcp *apiary.TenantControlPlane, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(apiary.GroupVersion.WithKind("TenantControlPlane").GroupKind(), tcp.Name, errs)
+}
+
+// Validate checks a defaulted TenantControlPlane on its own.
+func Validate(tcp *apiary.TenantControlPlane) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1035Label(tcp.Name) {
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), tcp.Name, "must be a DNS-1035 label: "+msg))
+	}
+	spec := field.NewPath("spec")
+	s := tcp.Spec
+	if _, err := parseVersion(s.Version); err != nil {
+		errs = append(errs, field.Invalid(spec.Child("version"), s.Version, err.Error()))
+	}
+	switch s.Mode {
+	case apiary.ModeStandalone, apiary.ModeRegistered:
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("mode"), s.Mode, []string{string(apiary.ModeStandalone), string(apiary.ModeRegistered)}))
+	}
+	if s.Replicas != nil && (*s.Replicas < 1 || *s.Replicas > 7) {
+		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must be between 1 and 7"))
+	}
+	errs = append(errs, validateNetwork(spec.Child("network"), s.Network)...)
+	errs = append(errs, validateComponent(spec.Child("apiServer"), s.APIServer)...)
+	errs = append(errs, validateComponent(spec.Child("controllerManager"), s.ControllerManager)...)
+	errs = append(errs, validateComponent(spec.Child("scheduler"), s.Scheduler)...)
+	return errs
+}
+
+// parseVersion parses vMAJOR.MINOR.PATCH and checks that it is supported.
+func parseVersion(v string) (*version.Version, error) {
+	if !strings.HasPrefix(v, "v") {
+		return nil, fmt.Errorf("must be a Kubernetes version of the form vMAJOR.MINOR.PATCH, such as %s", apiary.DefaultVersion)
+	}
+	parsed, err := version.ParseSemantic(v)
+	if err != nil {
+		return nil, fmt.Errorf("must be a Kubernetes version of the form vMAJOR.MINOR.PATCH, such as %s", apiary.DefaultVersion)
+	}
+	if parsed.PreRelease() != "" || parsed.BuildMetadata() != "" {
+		return nil, fmt.Errorf("must be a released version without pre-release or build suffix, such as %s", apiary.DefaultVersion)
+	}
+	if parsed.Major() != 1 || parsed.Minor() < MinSupportedMinor || parsed.Minor() > MaxSupportedMinor {
+		return nil, fmt.Errorf("is not supported: supported versions are v1.%d.x to v1.%d.x", MinSupportedMinor, MaxSupportedMinor)
+	}
+	return parsed, nil
+}
+
+func validateNetwork(p *field.Path, n apiary.NetworkSpec) field.ErrorList {
+	var errs field.ErrorList
+	switch n.ServiceType {
+	case "LoadBalancer", "NodePort", "ClusterIP":
+	default:
+		errs = append(errs, field.NotSupported(p.Child("serviceType"), n.ServiceType, []string{"LoadBalancer", "NodePort", "ClusterIP"}))
+	}
+	if n.Address != "" {
+		if _, err := netip.ParseAddr(n.Address); err != nil {
+			errs = append(errs, field.Invalid(p.Child("address"), n.Address, "must be an IP address"))
+		}
+	}
+	if n.Port < 1 || n.Port > 65535 {
+		errs = append(errs, field.Invalid(p.Child("port"), n.Port, "must be between 1 and 65535"))
+	}
+	for i, san := range n.CertSANs {
+		if net.ParseIP(san) != nil {
+			continue
+		}
+		name := strings.TrimPrefix(san, "*.")
+		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(p.Child("certSANs").Index(i), san, "must be an IP address or a DNS name (optionally starting with *.): "+strings.Join(msgs, "; ")))
+		}
+	}
+	pods, podErr := parseCIDR(p.Child("podCIDR"), n.PodCIDR)
+	errs = append(errs, podErr...)
+	services, svcErr := parseCIDR(p.Child("serviceCIDR"), n.ServiceCIDR)
+	errs = append(errs, svcErr...)
+	if svcErr == nil && services.Addr().Is4() && services.Bits() < 12 {
+		errs = append(errs, field.Invalid(p.Child("serviceCIDR"), n.ServiceCIDR, "must not be larger than /12 (kube-apiserver refuses larger IPv4 Service ranges)"))
+	}
+	if svcErr == nil && services.Addr().Is6() && services.Bits() < 108 {
+		errs = append(errs, field.Invalid(p.Child("serviceCIDR"), n.ServiceCIDR, "must not be larger than /108 (kube-apiserver refuses larger IPv6 Service ranges)"))
+	}
+	if podErr == nil && svcErr == nil {
+		if pods.Addr().Is4() != services.Addr().Is4() {
+			errs = append(errs, field.Invalid(p.Child("serviceCIDR"), n.ServiceCIDR, fmt.Sprintf("must be of the same IP family as podCIDR %s", n.PodCIDR)))
+		} else if pods.Overlaps(services) {
+			errs = append(errs, field.Invalid(p.Child("serviceCIDR"), n.ServiceCIDR, fmt.Sprintf("must not overlap podCIDR %s", n.PodCIDR)))
+		}
+	}
+	if n.DNSServiceIP == "" {
+		errs = append(errs, field.Required(p.Child("dnsServiceIP"), "must be set (it defaults to the 10th address of serviceCIDR)"))
+	} else if dns, err := netip.ParseAddr(n.DNSServiceIP); err != nil {
+		errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, "must be an IP address"))
+	} else if svcErr == nil {
+		first, _ := apiary.NthIP(n.ServiceCIDR, 1)
+		switch {
+		case !services.Contains(dns):
+			errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, fmt.Sprintf("must be inside serviceCIDR %s", n.ServiceCIDR)))
+		case dns == services.Addr():
+			errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, "must not be the network address of serviceCIDR"))
+		case dns == first:
+			errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, "must not be the first address of serviceCIDR: it belongs to the kubernetes Service"))
+		}
+	}
+	for _, msg := range validation.IsDNS1123Subdomain(n.ClusterDomain) {
+		errs = append(errs, field.Invalid(p.Child("clusterDomain"), n.ClusterDomain, "must be a DNS subdomain: "+msg))
+	}
+	return errs
+}
+
+func parseCIDR(p *field.Path, cidr string) (netip.Prefix, field.ErrorList) {
+	prefix, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return prefix, field.ErrorList{field.Invalid(p, cidr, "must be a CIDR such as 10.96.0.0/16")}
+	}
+	if prefix.Masked() != prefix {
+		return prefix, field.ErrorList{field.Invalid(p, cidr, fmt.Sprintf("must be the network address of its range: %s", prefix.Masked()))}
+	}
+	return prefix, nil
+}
+
+func validateComponent(p *field.Path, c apiary.ComponentSpec) field.ErrorList {
+	var errs field.ErrorList
+	keys := make([]string, 0, len(c.ExtraArgs))
+	for k := range c.ExtraArgs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		kp := p.Child("extraArgs").Key(k)
+		switch {
+		case k == "" || strings.HasPrefix(k, "-"):
+			errs = append(errs, field.Invalid(kp, k, "must be a flag name without leading dashes, such as audit-log-maxage"))
+		case protectedArgs[k]:
+			errs = append(errs, field.Forbidden(kp, "is set by Apiary to bind the tenant to its own datastore credentials and cannot be overridden"))
+		}
+	}
+	return errs
+}
+
+// ValidateUpdate checks the rules that compare a change with the previous
+// object.
+func ValidateUpdate(old, tcp *apiary.TenantControlPlane) field.ErrorList {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	oldV, oldErr := version.ParseSemantic(old.Spec.Version)
+	newV, newErr := parseVersion(tcp.Spec.Version)
+	if oldErr == nil && newErr == nil {
+		switch {
+		case newV.LessThan(oldV):
+			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not be lower than the current version %s: downgrades are not supported", old.Spec.Version)))
+		case newV.Minor() > oldV.Minor()+1:
+			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not skip a minor version: upgrade from %s to v1.%d first", old.Spec.Version, oldV.Minor()+1)))
+		}
+	}
+	bound := old.Spec.DataStore
+	if bound == "" {
+		bound = old.Status.DataStore.Name
+	}
+	if bound != "" && tcp.Spec.DataStore != bound && !(tcp.Spec.DataStore == "" && old.Spec.DataStore == "") {
+		errs = append(errs, field.Invalid(spec.Child("dataStore"), tcp.Spec.DataStore, fmt.Sprintf("is immutable: the tenant's state lives in DataStore %q (migration is not supported yet)", bound)))
+	}
+	netPath, oldNet := spec.Child("network"), old.Spec.Network
+	for _, f := range []struct {
+		name     string
+		old, new string
+	}{
+		{"podCIDR", oldNet.PodCIDR, tcp.Spec.Network.PodCIDR},
+		{"serviceCIDR", oldNet.ServiceCIDR, tcp.Spec.Network.ServiceCIDR},
+		{"dnsServiceIP", oldNet.DNSServiceIP, tcp.Spec.Network.DNSServiceIP},
+		{"clusterDomain", oldNet.ClusterDomain, tcp.Spec.Network.ClusterDomain},
+	} {
+		if f.old != "" && f.new != f.old {
+			errs = append(errs, field.Invalid(netPath.Child(f.name), f.new, fmt.Sprintf("is immutable (was %q): nodes, Services and certificates of the tenant depend on it", f.old)))
+		}
+	}
+	return errs
+}

@@ -1,0 +1,7 @@
+package pki
+
+import "encoding/pem"
+
+func pemEncode(blockType string, der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: blockType, Bytes: der})
+}
