@@ -1,0 +1,84 @@
+package main
+
+import (
+	goflag "flag"
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/apiaryhq/apiary/operator"
+)
+
+func newOperatorCommand() *cobra.Command {
+	opts := operator.DefaultOptions()
+	logOpts := zap.Options{}
+	cmd := &cobra.Command{
+		Use:   "operator",
+		Short: "Run the Apiary operator (controllers and webhooks)",
+		Long: `Run the Apiary operator in the management cluster.
+
+It reconciles DataStores (checks each etcd with a real call, counts its tenants,
+and keeps it while tenants use it) and TenantControlPlanes: it binds each
+tenant to a DataStore (its own etcd user, role and key prefix), issues its
+certificates and kubeconfigs into Secrets, exposes its API with a Service, runs
+kube-apiserver, kube-controller-manager and kube-scheduler as a Deployment, and
+reports conditions and events. It also serves the defaulting and validating
+admission webhooks for TenantControlPlanes (--webhooks).
+
+In a pod it uses the in-cluster configuration; elsewhere --kubeconfig,
+$KUBECONFIG or ~/.kube/config. Run several replicas with --leader-elect.`,
+		Example: `  # Outside the cluster, against the current kubeconfig context, without webhooks
+  apiary operator --webhooks=false --metrics-bind-address=0 --health-probe-bind-address=:8081
+
+  # In the cluster (what the Helm chart runs)
+  apiary operator --leader-elect --leader-election-namespace=apiary-system --webhook-cert-dir=/certs`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&logOpts)))
+			cfg, err := restConfig(cmd)
+			if err != nil {
+				return err
+			}
+			return operator.Run(cmd.Context(), cfg, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", opts.MetricsAddr, `address of the Prometheus metrics endpoint ("0" disables it)`)
+	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", opts.ProbeAddr, "address of the /healthz and /readyz endpoints")
+	f.BoolVar(&opts.LeaderElection, "leader-elect", opts.LeaderElection, "elect a leader so that only one replica reconciles at a time")
+	f.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", opts.LeaderElectionNamespace, "namespace of the leader-election Lease (default: the pod's namespace)")
+	f.BoolVar(&opts.Webhooks, "webhooks", opts.Webhooks, "serve the admission webhooks")
+	f.IntVar(&opts.WebhookPort, "webhook-port", opts.WebhookPort, "port of the webhook server")
+	f.StringVar(&opts.WebhookCertDir, "webhook-cert-dir", opts.WebhookCertDir, "directory with the webhook serving certificate (tls.crt, tls.key)")
+	f.StringVar(&opts.ImageRepository, "image-repository", opts.ImageRepository, "registry and path that replace registry.k8s.io in control-plane images (air-gapped installs)")
+	f.StringVar(&opts.ClusterDomain, "cluster-domain", opts.ClusterDomain, "DNS domain of the management cluster (names in the tenant API serving certificate)")
+	f.DurationVar(&opts.DataStoreCheckInterval, "datastore-check-interval", opts.DataStoreCheckInterval, "how often each DataStore's etcd is checked for reachability and authentication")
+	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles, "tenants reconciled in parallel")
+	gofs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
+	logOpts.BindFlags(gofs)
+	f.AddGoFlagSet(gofs)
+	return cmd
+}
+
+// restConfig uses the root's --kubeconfig/--context when given, else the
+// in-cluster configuration, else the default loading rules.
+func restConfig(cmd *cobra.Command) (*rest.Config, error) {
+	kubeconfig, _ := cmd.Flags().GetString("kubeconfig")
+	context, _ := cmd.Flags().GetString("context")
+	if kubeconfig == "" && context == "" {
+		if cfg, err := rest.InClusterConfig(); err == nil {
+			return cfg, nil
+		}
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: context}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading the management cluster's kubeconfig: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,286 @@
+package controllers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/pki"
+)
+
+// credentials issues a tenant's Secrets: it keeps what is still valid and
+// (re)issues only what is missing or has a problem (expiring, wrong SANs,
+// signed by a CA that was replaced, owned by a previous tenant of the same
+// name). Writes use Create, or Update with the read resourceVersion, so that
+// a stale cache can never overwrite a key pair with a different one.
+type credentials struct {
+	c      client.Client
+	tcp    *apiary.TenantControlPlane
+	now    time.Time
+	byKind map[render.SecretKind]*corev1.Secret
+
+	// data is the content of every Secret after issuing, by kind.
+	data map[render.SecretKind]map[string][]byte
+	// issued lists what was written and why, for events.
+	issued []string
+	certs  []apiary.CertificateStatus
+}
+
+// errCacheBehind means a Secret we wrote is not in the cache yet: reconcile
+// again shortly rather than issue it twice.
+var errCacheBehind = fmt.Errorf("secret cache is behind the API server")
+
+func newCredentials(ctx context.Context, c client.Client, tcp *apiary.TenantControlPlane, now time.Time) (*credentials, error) {
+	var list corev1.SecretList
+	if err := c.List(ctx, &list, client.InNamespace(tcp.Namespace), client.MatchingLabels(render.Labels(tcp))); err != nil {
+		return nil, fmt.Errorf("listing Secrets of %s/%s: %w", tcp.Namespace, tcp.Name, err)
+	}
+	cr := &credentials{c: c, tcp: tcp, now: now,
+		byKind: map[render.SecretKind]*corev1.Secret{},
+		data:   map[render.SecretKind]map[string][]byte{},
+	}
+	for i := range list.Items {
+		s := &list.Items[i]
+		kind := render.SecretKind(s.Labels[render.LabelSecret])
+		if s.Name == render.SecretName(tcp, kind) {
+			cr.byKind[kind] = s
+		}
+	}
+	return cr, nil
+}
+
+// existing returns the data of a Secret of this tenant, or nil with the reason
+// it cannot be used.
+func (cr *credentials) existing(kind render.SecretKind) (map[string][]byte, string) {
+	s := cr.byKind[kind]
+	if s == nil {
+		return nil, "created"
+	}
+	if owner := metav1.GetControllerOf(s); owner == nil || owner.UID != cr.tcp.UID {
+		return nil, "left by a previous tenant of the same name"
+	}
+	return s.Data, ""
+}
+
+// write creates or updates a Secret with new content.
+func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data map[string][]byte, why string) error {
+	desired := render.Secret(cr.tcp, kind, data)
+	if old := cr.byKind[kind]; old == nil {
+		if err := cr.c.Create(ctx, desired); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return errCacheBehind
+			}
+			return fmt.Errorf("creating Secret %s: %w", desired.Name, err)
+		}
+	} else {
+		desired.ResourceVersion = old.ResourceVersion
+		if err := cr.c.Update(ctx, desired); err != nil {
+			if apierrors.IsConflict(err) {
+				return errCacheBehind
+			}
+			return fmt.Errorf("updating Secret %s: %w", desired.Name, err)
+		}
+	}
+	cr.byKind[kind] = desired
+	cr.data[kind] = data
+	cr.issued = append(cr.issued, fmt.Sprintf("%s (%s)", desired.Name, why))
+	return nil
+}
+
+func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPair) {
+	cr.certs = append(cr.certs, apiary.CertificateStatus{
+		Name:     name,
+		Secret:   render.SecretName(cr.tcp, kind),
+		NotAfter: metav1.NewTime(kp.Cert.NotAfter.UTC()),
+	})
+}
+
+// ca keeps or issues a certificate authority.
+func (cr *credentials) ca(ctx context.Context, kind render.SecretKind, commonName string) (*pki.KeyPair, error) {
+	data, why := cr.existing(kind)
+	if data != nil {
+		kp, err := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey])
+		switch {
+		case err != nil:
+			why = "unreadable: " + err.Error()
+		default:
+			if why = pki.CAProblem(kp.Cert, cr.now); why == "" {
+				cr.data[kind] = data
+				cr.record(kind, string(kind), kp)
+				return kp, nil
+			}
+		}
+	}
+	kp, err := pki.NewCA(commonName)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := kp.KeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	if err := cr.write(ctx, kind, map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}, why); err != nil {
+		return nil, err
+	}
+	cr.record(kind, string(kind), kp)
+	return kp, nil
+}
+
+// leaf keeps or issues a certificate signed by ca. extra is added to the
+// Secret (such as the CA certificate under ca.crt), and must match too.
+func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki.KeyPair, req pki.Request, extra map[string][]byte) error {
+	data, why := cr.existing(kind)
+	if data != nil {
+		why = cr.leafProblem(data, ca, req, extra)
+		if why == "" {
+			cr.data[kind] = data
+			kp, _ := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey])
+			cr.record(kind, string(kind), kp)
+			return nil
+		}
+	}
+	kp, err := ca.Sign(req)
+	if err != nil {
+		return err
+	}
+	keyPEM, err := kp.KeyPEM()
+	if err != nil {
+		return err
+	}
+	out := map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}
+	for k, v := range extra {
+		out[k] = v
+	}
+	if err := cr.write(ctx, kind, out, why); err != nil {
+		return err
+	}
+	cr.record(kind, string(kind), kp)
+	return nil
+}
+
+func (cr *credentials) leafProblem(data map[string][]byte, ca *pki.KeyPair, req pki.Request, extra map[string][]byte) string {
+	kp, err := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey])
+	if err != nil {
+		return "unreadable: " + err.Error()
+	}
+	for k, v := range extra {
+		if !bytes.Equal(data[k], v) {
+			return k + " changed"
+		}
+	}
+	return pki.Problem(kp.Cert, ca.Cert, req, cr.now)
+}
+
+// serviceAccountKey keeps or issues the service-account signing key pair.
+func (cr *credentials) serviceAccountKey(ctx context.Context) error {
+	kind := render.SecretServiceAccount
+	data, why := cr.existing(kind)
+	if data != nil {
+		if why = pki.ServiceAccountKeyProblem(data[render.KeySAKey], data[render.KeySAPub]); why == "" {
+			cr.data[kind] = data
+			return nil
+		}
+	}
+	priv, pub, err := pki.NewServiceAccountKey()
+	if err != nil {
+		return err
+	}
+	return cr.write(ctx, kind, map[string][]byte{render.KeySAKey: priv, render.KeySAPub: pub}, why)
+}
+
+// kubeconfig describes one kubeconfig inside a Secret.
+type kubeconfig struct {
+	key    string
+	server string
+}
+
+// kubeconfigs keeps or issues a Secret holding kubeconfigs that share one
+// client certificate, each pointing at its own server.
+func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, ca *pki.KeyPair, req pki.Request, name string, configs ...kubeconfig) error {
+	caPEM := ca.CertPEM()
+	data, why := cr.existing(kind)
+	if data != nil {
+		kp, problem := cr.kubeconfigProblem(data, ca, caPEM, req, configs)
+		if problem == "" {
+			cr.data[kind] = data
+			cr.record(kind, name, kp)
+			return nil
+		}
+		why = problem
+	}
+	kp, err := ca.Sign(req)
+	if err != nil {
+		return err
+	}
+	keyPEM, err := kp.KeyPEM()
+	if err != nil {
+		return err
+	}
+	out := map[string][]byte{}
+	for _, cfg := range configs {
+		raw, err := render.Kubeconfig(cr.tcp.Name, cfg.server, caPEM, req.CommonName, kp.CertPEM(), keyPEM)
+		if err != nil {
+			return err
+		}
+		out[cfg.key] = raw
+	}
+	if err := cr.write(ctx, kind, out, why); err != nil {
+		return err
+	}
+	cr.record(kind, name, kp)
+	return nil
+}
+
+func (cr *credentials) kubeconfigProblem(data map[string][]byte, ca *pki.KeyPair, caPEM []byte, req pki.Request, configs []kubeconfig) (*pki.KeyPair, string) {
+	var kp *pki.KeyPair
+	for _, want := range configs {
+		cfg, err := clientcmd.Load(data[want.key])
+		if err != nil || cfg.Contexts[cfg.CurrentContext] == nil {
+			return nil, want.key + " is missing or unreadable"
+		}
+		ctx := cfg.Contexts[cfg.CurrentContext]
+		cluster, user := cfg.Clusters[ctx.Cluster], cfg.AuthInfos[ctx.AuthInfo]
+		if cluster == nil || user == nil {
+			return nil, want.key + " is incomplete"
+		}
+		if cluster.Server != want.server {
+			return nil, fmt.Sprintf("%s points at %s, want %s", want.key, cluster.Server, want.server)
+		}
+		if !bytes.Equal(cluster.CertificateAuthorityData, caPEM) {
+			return nil, want.key + " trusts another CA"
+		}
+		kp, err = pki.ParseKeyPair(user.ClientCertificateData, user.ClientKeyData)
+		if err != nil {
+			return nil, want.key + " client credentials unreadable: " + err.Error()
+		}
+		if problem := pki.Problem(kp.Cert, ca.Cert, req, cr.now); problem != "" {
+			return nil, want.key + " client certificate " + problem
+		}
+	}
+	return kp, ""
+}
+
+// sortedCerts returns the certificate statuses in a stable order.
+func (cr *credentials) sortedCerts() []apiary.CertificateStatus {
+	certs := slices.Clone(cr.certs)
+	slices.SortFunc(certs, func(a, b apiary.CertificateStatus) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return certs
+}

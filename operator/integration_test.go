@@ -1,0 +1,1045 @@
+//go:build integration
+
+package operator_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/apiaryhq/apiary/cli"
+	"github.com/apiaryhq/apiary/datastore"
+	"github.com/apiaryhq/apiary/datastore/etcdtest"
+	"github.com/apiaryhq/apiary/internal/testenv"
+	"github.com/apiaryhq/apiary/operator"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/controllers"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/pki"
+)
+
+const (
+	systemNS  = "apiary-system"
+	tenantsNS = "tenants"
+	resync    = 2 * time.Second
+)
+
+// suite is one management API server (envtest) with the operator and its
+// webhooks running, and one real etcd with auth and TLS as the DataStore.
+type suite struct {
+	t          *testing.T
+	ctx        context.Context
+	env        *envtest.Environment
+	cfg        *rest.Config
+	c          client.Client
+	kubeconfig string // of the management API server, for the CLI
+	etcd       *etcdtest.Server
+	root       *clientv3.Client
+}
+
+// TestOperator runs the operator against a real kube-apiserver and etcd.
+// Subtests share the environment and run in order.
+func TestOperator(t *testing.T) {
+	ctrllog.SetLogger(zap.New(zap.WriteTo(&testLogWriter{t: t}), zap.UseDevMode(true)))
+	env, cfg := testenv.Start(t, testenv.Options{Webhooks: true})
+	s := &suite{t: t, ctx: t.Context(), env: env, cfg: cfg}
+	scheme, err := operator.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		t.Fatal(err)
+	}
+	s.kubeconfig = writeKubeconfig(t, cfg)
+	s.etcd = etcdtest.Start(t)
+	s.root = s.etcd.RootClient(t)
+
+	for _, ns := range []string{systemNS, tenantsNS} {
+		s.must(s.c.Create(s.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	}
+	s.createDataStore("default", s.etcd.Config())
+
+	opts := operator.DefaultOptions()
+	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
+	wh := env.WebhookInstallOptions
+	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = wh.LocalServingHost, wh.LocalServingPort, wh.LocalServingCertDir
+	opts.ResyncPeriod = resync
+	opts.DataStoreCheckInterval = time.Second
+	mgr, cleanup, err := operator.NewManager(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgrCtx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := mgr.Start(mgrCtx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait(); cleanup() })
+	s.waitForWebhook()
+	s.eventually("DataStore default Ready", 30*time.Second, func() error {
+		return s.dataStoreCondition("default", apiary.ConditionReady, metav1.ConditionTrue, controllers.ReasonAvailable)
+	})
+
+	t.Run("Defaults", s.testDefaults)
+	t.Run("ValidationOnCreate", s.testValidationOnCreate)
+	t.Run("ValidationOnUpdate", s.testValidationOnUpdate)
+	t.Run("Provisions", s.testProvisions)
+	t.Run("ReadyTenantServesFromRestrictedEtcdUserAndIsQuiet", s.testReadyTenant)
+	t.Run("TenantsAreIsolated", s.testIsolation)
+	t.Run("DeleteRemovesEverything", s.testDelete)
+	t.Run("DataStoreFailures", s.testDataStoreFailures)
+	t.Run("DataStoreDeletionBlockedWhileUsed", s.testDataStoreProtection)
+}
+
+type testLogWriter struct {
+	mu sync.Mutex
+	t  *testing.T
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if os.Getenv("APIARY_TEST_LOGS") != "" {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (s *suite) must(err error) {
+	s.t.Helper()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// eventually polls f until it returns nil, failing the running test with
+// the last error after timeout.
+func eventually(t *testing.T, what string, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (s *suite) eventually(what string, timeout time.Duration, f func() error) {
+	s.t.Helper()
+	eventually(s.t, what, timeout, f)
+}
+
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "management.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// createDataStore stores a DataStore's TLS material in Secrets and creates
+// the DataStore.
+func (s *suite) createDataStore(name string, cfg datastore.Config) {
+	s.t.Helper()
+	ca := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-etcd-ca", Namespace: systemNS}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: cfg.CACert, corev1.TLSPrivateKeyKey: cfg.CAKey}}
+	root := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-etcd-root", Namespace: systemNS}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: cfg.ClientCert, corev1.TLSPrivateKeyKey: cfg.ClientKey}}
+	for _, sec := range []*corev1.Secret{ca, root} {
+		s.must(s.c.Create(s.ctx, sec))
+	}
+	s.must(s.c.Create(s.ctx, &apiary.DataStore{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: apiary.DataStoreSpec{
+			Endpoints: cfg.Endpoints,
+			TLS: apiary.DataStoreTLS{
+				CASecretRef:     apiary.SecretReference{Name: ca.Name, Namespace: systemNS},
+				ClientSecretRef: apiary.SecretReference{Name: root.Name, Namespace: systemNS},
+			},
+		},
+	}))
+}
+
+func (s *suite) waitForWebhook() {
+	s.eventually("webhook serving", 30*time.Second, func() error {
+		tcp := newTCP("probe", "")
+		return s.c.Create(s.ctx, tcp, client.DryRunAll)
+	})
+}
+
+func newTCP(name, dataStore string) *apiary.TenantControlPlane {
+	return &apiary.TenantControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantsNS},
+		Spec:       apiary.TenantControlPlaneSpec{DataStore: dataStore, Network: apiary.NetworkSpec{ServiceType: corev1.ServiceTypeClusterIP}},
+	}
+}
+
+func (s *suite) getTCP(name string) *apiary.TenantControlPlane {
+	s.t.Helper()
+	var tcp apiary.TenantControlPlane
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: name}, &tcp))
+	return &tcp
+}
+
+func conditionIs(conds []metav1.Condition, typ string, status metav1.ConditionStatus, reason string) error {
+	c := meta.FindStatusCondition(conds, typ)
+	if c == nil {
+		return fmt.Errorf("no %s condition yet (conditions: %v)", typ, conds)
+	}
+	if c.Status != status || (reason != "" && c.Reason != reason) {
+		return fmt.Errorf("%s is %s/%s (%s), want %s/%s", typ, c.Status, c.Reason, c.Message, status, reason)
+	}
+	return nil
+}
+
+func (s *suite) tcpCondition(name, typ string, status metav1.ConditionStatus, reason string) error {
+	var tcp apiary.TenantControlPlane
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: name}, &tcp); err != nil {
+		return err
+	}
+	return conditionIs(tcp.Status.Conditions, typ, status, reason)
+}
+
+func (s *suite) dataStoreCondition(name, typ string, status metav1.ConditionStatus, reason string) error {
+	var ds apiary.DataStore
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: name}, &ds); err != nil {
+		return err
+	}
+	return conditionIs(ds.Status.Conditions, typ, status, reason)
+}
+
+func (s *suite) testDefaults(t *testing.T) {
+	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "defaults", Namespace: tenantsNS}}
+	if err := s.c.Create(s.ctx, tcp, client.DryRunAll); err != nil {
+		t.Fatal(err)
+	}
+	sp := tcp.Spec
+	n := sp.Network
+	got := fmt.Sprintf("%s %s %d %s %d %s %s %s %s %v %v %v", sp.Version, sp.Mode, ptr.Deref(sp.Replicas, 0), n.ServiceType, n.Port, n.PodCIDR, n.ServiceCIDR, n.DNSServiceIP, n.ClusterDomain,
+		*sp.Addons.CoreDNS.Enabled, *sp.Addons.KubeProxy.Enabled, *sp.Addons.Konnectivity.Enabled)
+	want := "v1.37.2 standalone 2 LoadBalancer 6443 10.244.0.0/16 10.96.0.0/16 10.96.0.10 cluster.local true true true"
+	if got != want {
+		t.Errorf("defaults:\n got %s\nwant %s", got, want)
+	}
+	// dnsServiceIP follows a custom serviceCIDR.
+	tcp = &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "defaults", Namespace: tenantsNS},
+		Spec: apiary.TenantControlPlaneSpec{Network: apiary.NetworkSpec{ServiceCIDR: "172.20.0.0/16"}}}
+	if err := s.c.Create(s.ctx, tcp, client.DryRunAll); err != nil {
+		t.Fatal(err)
+	}
+	if tcp.Spec.Network.DNSServiceIP != "172.20.0.10" {
+		t.Errorf("dnsServiceIP = %s, want 172.20.0.10", tcp.Spec.Network.DNSServiceIP)
+	}
+}
+
+// wantRejected checks that err is an Invalid error from the API whose
+// message names the field and states the rule.
+func wantRejected(t *testing.T, err error, field, rule string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("accepted; want rejection naming %s (%s)", field, rule)
+	}
+	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
+		t.Fatalf("error is not Invalid: %v", err)
+	}
+	if !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), rule) {
+		t.Fatalf("error does not name %q with rule %q:\n%v", field, rule, err)
+	}
+}
+
+func (s *suite) testValidationOnCreate(t *testing.T) {
+	cases := []struct {
+		name        string
+		mutate      func(*apiary.TenantControlPlane)
+		field, rule string
+	}{
+		{"version without v", func(p *apiary.TenantControlPlane) { p.Spec.Version = "1.37.2" }, "spec.version", "vMAJOR.MINOR.PATCH"},
+		{"version garbage", func(p *apiary.TenantControlPlane) { p.Spec.Version = "latest" }, "spec.version", "vMAJOR.MINOR.PATCH"},
+		{"version too old", func(p *apiary.TenantControlPlane) { p.Spec.Version = "v1.34.3" }, "spec.version", "supported versions are v1.35.x to v1.37.x"},
+		{"version too new", func(p *apiary.TenantControlPlane) { p.Spec.Version = "v1.38.0" }, "spec.version", "supported versions are v1.35.x to v1.37.x"},
+		{"pre-release", func(p *apiary.TenantControlPlane) { p.Spec.Version = "v1.37.0-rc.1" }, "spec.version", "pre-release"},
+		{"mode", func(p *apiary.TenantControlPlane) { p.Spec.Mode = "hybrid" }, "spec.mode", "Unsupported value"},
+		{"replicas", func(p *apiary.TenantControlPlane) { p.Spec.Replicas = ptr.To(int32(9)) }, "spec.replicas", "less than or equal to 7"},
+		{"overlapping CIDRs", func(p *apiary.TenantControlPlane) { p.Spec.Network.PodCIDR = "10.96.0.0/12" }, "spec.network.serviceCIDR", "must not overlap podCIDR 10.96.0.0/12"},
+		{"pod CIDR not a network address", func(p *apiary.TenantControlPlane) { p.Spec.Network.PodCIDR = "10.244.1.0/16" }, "spec.network.podCIDR", "network address"},
+		{"service CIDR garbage", func(p *apiary.TenantControlPlane) { p.Spec.Network.ServiceCIDR = "banana" }, "spec.network.serviceCIDR", "must be a CIDR"},
+		{"service CIDR too large", func(p *apiary.TenantControlPlane) {
+			p.Spec.Network.ServiceCIDR = "172.0.0.0/8"
+			p.Spec.Network.DNSServiceIP = "172.0.0.10"
+		}, "spec.network.serviceCIDR", "larger than /12"},
+		{"mixed families", func(p *apiary.TenantControlPlane) {
+			p.Spec.Network.ServiceCIDR = "fd00::/108"
+			p.Spec.Network.DNSServiceIP = "fd00::a"
+		}, "spec.network.serviceCIDR", "same IP family"},
+		{"DNS IP outside", func(p *apiary.TenantControlPlane) { p.Spec.Network.DNSServiceIP = "10.97.0.10" }, "spec.network.dnsServiceIP", "inside serviceCIDR 10.96.0.0/16"},
+		{"DNS IP of kubernetes", func(p *apiary.TenantControlPlane) { p.Spec.Network.DNSServiceIP = "10.96.0.1" }, "spec.network.dnsServiceIP", "kubernetes Service"},
+		{"cluster domain", func(p *apiary.TenantControlPlane) { p.Spec.Network.ClusterDomain = "Bad_Domain" }, "spec.network.clusterDomain", "DNS subdomain"},
+		{"address", func(p *apiary.TenantControlPlane) { p.Spec.Network.Address = "not-an-ip" }, "spec.network.address", "IP address"},
+		{"service type", func(p *apiary.TenantControlPlane) { p.Spec.Network.ServiceType = "ExternalName" }, "spec.network.serviceType", "Unsupported value"},
+		{"cert SAN", func(p *apiary.TenantControlPlane) { p.Spec.Network.CertSANs = []string{"bad_name!"} }, "spec.network.certSANs[0]", "IP address or a DNS name"},
+		{"protected extra arg", func(p *apiary.TenantControlPlane) {
+			p.Spec.APIServer.ExtraArgs = map[string]string{"etcd-servers": "https://elsewhere:2379"}
+		}, "spec.apiServer.extraArgs[etcd-servers]", "cannot be overridden"},
+		{"extra arg with dashes", func(p *apiary.TenantControlPlane) { p.Spec.Scheduler.ExtraArgs = map[string]string{"--v": "4"} }, "spec.scheduler.extraArgs[--v]", "without leading dashes"},
+		{"name not DNS-1035", func(p *apiary.TenantControlPlane) { p.Name = "9lives" }, "metadata.name", "DNS-1035"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tcp := newTCP("invalid", "default")
+			tc.mutate(tcp)
+			err := s.c.Create(s.ctx, tcp)
+			wantRejected(t, err, tc.field, tc.rule)
+			// Nothing was created.
+			if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(tcp), &apiary.TenantControlPlane{}); !apierrors.IsNotFound(err) {
+				t.Errorf("rejected object exists: %v", err)
+			}
+		})
+	}
+}
+
+func (s *suite) testValidationOnUpdate(t *testing.T) {
+	// A tenant on a DataStore that does not exist: the operator leaves it
+	// unprovisioned, which keeps this test about admission only.
+	base := newTCP("upd", "nowhere")
+	base.Spec.Version = "v1.36.4"
+	s.must(s.c.Create(s.ctx, base))
+	t.Cleanup(func() { _ = s.c.Delete(s.ctx, base) })
+	cases := []struct {
+		name        string
+		mutate      func(*apiary.TenantControlPlane)
+		field, rule string
+	}{
+		{"downgrade", func(p *apiary.TenantControlPlane) { p.Spec.Version = "v1.36.3" }, "spec.version", "downgrades are not supported"},
+		{"downgrade minor", func(p *apiary.TenantControlPlane) { p.Spec.Version = "v1.35.9" }, "spec.version", "downgrades are not supported"},
+		{"dataStore", func(p *apiary.TenantControlPlane) { p.Spec.DataStore = "default" }, "spec.dataStore", "is immutable"},
+		{"podCIDR", func(p *apiary.TenantControlPlane) { p.Spec.Network.PodCIDR = "10.245.0.0/16" }, "spec.network.podCIDR", "is immutable"},
+		{"serviceCIDR", func(p *apiary.TenantControlPlane) {
+			p.Spec.Network.ServiceCIDR = "10.97.0.0/16"
+			p.Spec.Network.DNSServiceIP = "10.97.0.10"
+		}, "spec.network.serviceCIDR", "is immutable"},
+		{"dnsServiceIP", func(p *apiary.TenantControlPlane) { p.Spec.Network.DNSServiceIP = "10.96.0.53" }, "spec.network.dnsServiceIP", "is immutable"},
+		{"clusterDomain", func(p *apiary.TenantControlPlane) { p.Spec.Network.ClusterDomain = "tenant.local" }, "spec.network.clusterDomain", "is immutable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := s.getTCP("upd")
+			err := s.updateTCP("upd", tc.mutate)
+			wantRejected(t, err, tc.field, tc.rule)
+			if after := s.getTCP("upd"); after.Generation != before.Generation {
+				t.Errorf("rejected update changed the spec")
+			}
+		})
+	}
+	t.Run("skipped minor", func(t *testing.T) {
+		old := newTCP("upd-skip", "nowhere")
+		old.Spec.Version = "v1.35.2"
+		s.must(s.c.Create(s.ctx, old))
+		t.Cleanup(func() { _ = s.c.Delete(s.ctx, old) })
+		err := s.updateTCP("upd-skip", func(p *apiary.TenantControlPlane) { p.Spec.Version = "v1.37.2" })
+		wantRejected(t, err, "spec.version", "must not skip a minor version: upgrade from v1.35.2 to v1.36 first")
+	})
+	t.Run("one minor up and mutable fields are accepted", func(t *testing.T) {
+		s.must(s.updateTCP("upd", func(p *apiary.TenantControlPlane) {
+			p.Spec.Version = "v1.37.2"
+			p.Spec.Replicas = ptr.To(int32(3))
+			p.Spec.Network.CertSANs = []string{"api.example.com"}
+		}))
+	})
+}
+
+// updateTCP changes a tenant, retrying on conflicts with the operator's own
+// writes (finalizer, status), and returns the first other outcome.
+func (s *suite) updateTCP(name string, mutate func(*apiary.TenantControlPlane)) error {
+	for {
+		tcp := s.getTCP(name)
+		mutate(tcp)
+		err := s.c.Update(s.ctx, tcp)
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+}
+
+// secretsOf lists the Secrets of a tenant by kind.
+func (s *suite) secretsOf(name string) (map[render.SecretKind]corev1.Secret, error) {
+	var list corev1.SecretList
+	if err := s.c.List(s.ctx, &list, client.InNamespace(tenantsNS), client.MatchingLabels{render.LabelTenant: name}); err != nil {
+		return nil, err
+	}
+	out := map[render.SecretKind]corev1.Secret{}
+	for _, sec := range list.Items {
+		out[render.SecretKind(sec.Labels[render.LabelSecret])] = sec
+	}
+	return out, nil
+}
+
+func (s *suite) testProvisions(t *testing.T) {
+	tcp := newTCP("alpha", "default")
+	s.must(s.c.Create(s.ctx, tcp))
+	s.eventually("alpha certificates", 30*time.Second, func() error {
+		return s.tcpCondition("alpha", apiary.ConditionCertificatesReady, metav1.ConditionTrue, controllers.ReasonIssued)
+	})
+	got := s.getTCP("alpha")
+	for _, want := range []struct {
+		typ    string
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{apiary.ConditionDataStoreReady, metav1.ConditionTrue, controllers.ReasonBound},
+		{apiary.ConditionCertificatesReady, metav1.ConditionTrue, controllers.ReasonIssued},
+		{apiary.ConditionEndpointReady, metav1.ConditionTrue, controllers.ReasonAddressAssigned},
+		// envtest runs no kubelet: the pods never become ready.
+		{apiary.ConditionControlPlaneAvailable, metav1.ConditionFalse, controllers.ReasonNoReadyReplicas},
+		{apiary.ConditionReady, metav1.ConditionFalse, controllers.ReasonWaitingForPrerequisites},
+	} {
+		if err := conditionIs(got.Status.Conditions, want.typ, want.status, want.reason); err != nil {
+			t.Error(err)
+		}
+	}
+	st := got.Status
+	tenant := datastore.TenantFor(got.UID)
+	if st.DataStore != (apiary.DataStoreBinding{Name: "default", Prefix: tenant.Prefix, User: tenant.User}) {
+		t.Errorf("status.dataStore = %+v, want default %+v", st.DataStore, tenant)
+	}
+	if st.Phase != apiary.PhaseProvisioning || st.Mode != apiary.ModeStandalone || st.KubeconfigSecret != "alpha-admin-kubeconfig" || st.ObservedGeneration != got.Generation {
+		t.Errorf("status phase=%s mode=%s kubeconfigSecret=%s observedGeneration=%d", st.Phase, st.Mode, st.KubeconfigSecret, st.ObservedGeneration)
+	}
+	var svc corev1.Service
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "alpha"}, &svc))
+	if want := fmt.Sprintf("https://%s:6443", svc.Spec.ClusterIP); st.Endpoint != want {
+		t.Errorf("endpoint %q, want %q", st.Endpoint, want)
+	}
+	secrets, err := s.secretsOf("alpha")
+	s.must(err)
+	for _, kind := range render.AllSecretKinds {
+		if _, ok := secrets[kind]; !ok {
+			t.Errorf("Secret %s missing", kind)
+		}
+	}
+	if len(st.Certificates) != 9 {
+		t.Errorf("status.certificates has %d entries, want 9: %+v", len(st.Certificates), st.Certificates)
+	}
+	for _, c := range st.Certificates {
+		if c.NotAfter.Time.Before(time.Now().Add(300 * 24 * time.Hour)) {
+			t.Errorf("certificate %s expires %s", c.Name, c.NotAfter)
+		}
+	}
+	// The serving certificate names the Service's ClusterIP and DNS names,
+	// and chains to the tenant CA.
+	caKP, err := pki.ParseKeyPair(secrets[render.SecretCA].Data["tls.crt"], secrets[render.SecretCA].Data["tls.key"])
+	s.must(err)
+	serving, err := pki.ParseKeyPair(secrets[render.SecretAPIServer].Data["tls.crt"], secrets[render.SecretAPIServer].Data["tls.key"])
+	s.must(err)
+	pool := x509.NewCertPool()
+	pool.AddCert(caKP.Cert)
+	for _, name := range []string{svc.Spec.ClusterIP, "alpha.tenants.svc", "kubernetes.default.svc.cluster.local", "10.96.0.1", "127.0.0.1"} {
+		if _, err := serving.Cert.Verify(x509.VerifyOptions{DNSName: name, Roots: pool}); err != nil {
+			t.Errorf("serving certificate for %s: %v", name, err)
+		}
+	}
+	// The datastore client certificate is the tenant's etcd user, and etcd
+	// knows the user and its role.
+	dsClient := secrets[render.SecretDataStoreClient]
+	block, _ := pem.Decode(dsClient.Data["tls.crt"])
+	cert, err := x509.ParseCertificate(block.Bytes)
+	s.must(err)
+	if cert.Subject.CommonName != tenant.User {
+		t.Errorf("datastore client CN %q, want %q", cert.Subject.CommonName, tenant.User)
+	}
+	s.wantEtcdTenant(t, tenant, true)
+
+	var dep appsv1.Deployment
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "alpha"}, &dep))
+	if dep.Spec.Template.Annotations[render.AnnotationConfigHash] == "" || *dep.Spec.Replicas != 2 {
+		t.Errorf("Deployment: hash %q replicas %d", dep.Spec.Template.Annotations[render.AnnotationConfigHash], *dep.Spec.Replicas)
+	}
+	if len(dep.ManagedFields) != 1 || dep.ManagedFields[0].Manager != controllers.FieldOwner {
+		t.Errorf("Deployment managed by %v, want only %s", dep.ManagedFields, controllers.FieldOwner)
+	}
+	if !s.hasEvent(t, "alpha", controllers.ReasonIssued) || !s.hasEvent(t, "alpha", controllers.ReasonBound) {
+		t.Errorf("no Issued/Bound events for alpha")
+	}
+
+	// kubectl scale (the scale subresource) reaches the Deployment, and the
+	// subresource reports the pods' selector.
+	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
+	s.must(s.c.SubResource("scale").Update(s.ctx, got, client.WithSubResourceBody(scale)))
+	eventually(t, "scale to 3", 20*time.Second, func() error {
+		var d appsv1.Deployment
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "alpha"}, &d); err != nil {
+			return err
+		}
+		if *d.Spec.Replicas != 3 {
+			return fmt.Errorf("Deployment has %d replicas", *d.Spec.Replicas)
+		}
+		return nil
+	})
+	s.must(s.c.SubResource("scale").Get(s.ctx, got, scale))
+	if scale.Status.Selector != "apiary.dev/tenant=alpha,app.kubernetes.io/component=control-plane" {
+		t.Errorf("scale selector %q", scale.Status.Selector)
+	}
+}
+
+func (s *suite) hasEvent(t *testing.T, regarding, reason string) bool {
+	t.Helper()
+	var list eventsv1.EventList
+	s.must(s.c.List(s.ctx, &list, client.InNamespace(tenantsNS)))
+	for _, e := range list.Items {
+		if e.Regarding.Name == regarding && e.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *suite) wantEtcdTenant(t *testing.T, tenant datastore.Tenant, exists bool) {
+	t.Helper()
+	dc, err := datastore.Connect(s.ctx, s.etcd.Config())
+	s.must(err)
+	defer dc.Close()
+	user, err := dc.UserExists(s.ctx, tenant.User)
+	s.must(err)
+	role, err := dc.RoleExists(s.ctx, tenant.User)
+	s.must(err)
+	keys, err := dc.CountKeys(s.ctx, tenant.Prefix+"/")
+	s.must(err)
+	if exists && (!user || !role) {
+		t.Errorf("etcd: user %s exists=%v, role exists=%v; want both", tenant.User, user, role)
+	}
+	if !exists && (user || role || keys != 0) {
+		t.Errorf("etcd: after deletion user exists=%v role exists=%v keys under %s=%d; want none", user, role, tenant.Prefix, keys)
+	}
+}
+
+func freePort(t *testing.T) int32 {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return int32(l.Addr().(*net.TCPAddr).Port)
+}
+
+// testReadyTenant runs the rendered kube-apiserver, with its exact
+// arguments and the credentials the operator issued, as a local process
+// against the shared etcd; plays MetalLB (an address on the Service) and the
+// kubelet (ready replicas on the Deployment), which envtest does not run;
+// then checks Ready, uses the exported kubeconfig with kubectl, and watches
+// that nothing is written while nothing changes.
+func (s *suite) testReadyTenant(t *testing.T) {
+	port := freePort(t)
+	tcp := newTCP("ready", "default")
+	tcp.Spec.Network.ServiceType = corev1.ServiceTypeLoadBalancer
+	tcp.Spec.Network.Port = port
+	s.must(s.c.Create(s.ctx, tcp))
+
+	eventually(t, "waiting for a LoadBalancer address", 30*time.Second, func() error {
+		return s.tcpCondition("ready", apiary.ConditionEndpointReady, metav1.ConditionFalse, controllers.ReasonWaitingForAddress)
+	})
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "ready"}, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Deployment exists before the endpoint is known: %v", err)
+	}
+	// What MetalLB does.
+	var svc corev1.Service
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "ready"}, &svc))
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "127.0.0.1"}}
+	s.must(s.c.Status().Update(s.ctx, &svc))
+
+	var dep appsv1.Deployment
+	eventually(t, "Deployment rendered", 30*time.Second, func() error {
+		if err := s.tcpCondition("ready", apiary.ConditionCertificatesReady, metav1.ConditionTrue, ""); err != nil {
+			return err
+		}
+		return s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "ready"}, &dep)
+	})
+	got := s.getTCP("ready")
+	if want := fmt.Sprintf("https://127.0.0.1:%d", port); got.Status.Endpoint != want {
+		t.Fatalf("endpoint %s, want %s", got.Status.Endpoint, want)
+	}
+	stop := s.runTenantAPIServer(t, &dep)
+	defer stop()
+
+	// What the kubelet and the Deployment controller report.
+	dep.Status = appsv1.DeploymentStatus{ObservedGeneration: dep.Generation, Replicas: 2, ReadyReplicas: 2, UpdatedReplicas: 2, AvailableReplicas: 2}
+	s.must(s.c.Status().Update(s.ctx, &dep))
+	eventually(t, "Ready", 60*time.Second, func() error {
+		return s.tcpCondition("ready", apiary.ConditionReady, metav1.ConditionTrue, controllers.ReasonAPIAnswering)
+	})
+	got = s.getTCP("ready")
+	if got.Status.Phase != apiary.PhaseReady || got.Status.Version != "v1.37.2" || got.Status.ReadyReplicas != 2 {
+		t.Errorf("status phase=%s version=%s readyReplicas=%d", got.Status.Phase, got.Status.Version, got.Status.ReadyReplicas)
+	}
+
+	// Export the kubeconfig with the CLI, then use it with kubectl.
+	var out, errOut bytes.Buffer
+	cmd := cli.NewKubeconfigCommand(&cli.ConfigFlags{Kubeconfig: s.kubeconfig, Namespace: tenantsNS})
+	cmd.SetArgs([]string{"ready"})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	if err := cmd.ExecuteContext(s.ctx); err != nil {
+		t.Fatalf("apiary kubeconfig: %v: %s", err, errOut.String())
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "ready.kubeconfig")
+	s.must(os.WriteFile(kubeconfig, out.Bytes(), 0o600))
+	kubectl := func(args ...string) string {
+		t.Helper()
+		bin, err := testenv.KubeBinary("kubectl")
+		s.must(err)
+		c := exec.CommandContext(s.ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		b, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %v: %v\n%s", args, err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	kubectl("create", "namespace", "hello")
+	if name := kubectl("get", "namespace", "hello", "-o", "jsonpath={.metadata.name}"); name != "hello" {
+		t.Errorf("kubectl get namespace hello: %q", name)
+	}
+	var version struct {
+		ServerVersion struct{ GitVersion string } `json:"serverVersion"`
+	}
+	s.must(json.Unmarshal([]byte(kubectl("version", "-o", "json")), &version))
+	if version.ServerVersion.GitVersion != "v1.37.2" {
+		t.Errorf("server version %q, want v1.37.2", version.ServerVersion.GitVersion)
+	}
+	// Everything the tenant wrote is under its prefix.
+	tenant := datastore.TenantFor(got.UID)
+	resp, err := s.root.Get(s.ctx, tenant.Prefix+"/namespaces/hello")
+	s.must(err)
+	if len(resp.Kvs) != 1 {
+		t.Errorf("namespace hello not stored under %s", tenant.Prefix)
+	}
+	outside, err := s.root.Get(s.ctx, "", clientv3.WithFromKey(), clientv3.WithKeysOnly())
+	s.must(err)
+	for _, kv := range outside.Kvs {
+		if !strings.HasPrefix(string(kv.Key), "/apiary/") {
+			t.Errorf("key outside every tenant prefix: %s", kv.Key)
+		}
+	}
+
+	s.checkQuiet(t, "ready")
+}
+
+// runTenantAPIServer starts the kube-apiserver container of a rendered
+// Deployment as a local process: the same arguments, the projected files
+// written from the Secrets, only the directory and the bind address moved.
+func (s *suite) runTenantAPIServer(t *testing.T, dep *appsv1.Deployment) func() {
+	t.Helper()
+	dir := t.TempDir()
+	var ctr *corev1.Container
+	for i := range dep.Spec.Template.Spec.Containers {
+		if dep.Spec.Template.Spec.Containers[i].Name == "kube-apiserver" {
+			ctr = &dep.Spec.Template.Spec.Containers[i]
+		}
+	}
+	if ctr == nil {
+		t.Fatal("no kube-apiserver container")
+	}
+	mountPath := ctr.VolumeMounts[0].MountPath
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Name != ctr.VolumeMounts[0].Name {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			var sec corev1.Secret
+			s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.Secret.Name}, &sec))
+			for _, item := range src.Secret.Items {
+				path := filepath.Join(dir, item.Path)
+				s.must(os.MkdirAll(filepath.Dir(path), 0o700))
+				s.must(os.WriteFile(path, sec.Data[item.Key], 0o600))
+			}
+		}
+	}
+	var args []string
+	for _, a := range ctr.Args {
+		a = strings.ReplaceAll(a, mountPath, dir)
+		switch {
+		case strings.HasPrefix(a, "--bind-address="):
+			// Listen on loopback only, as tests must.
+			a = "--bind-address=127.0.0.1"
+		case a == "--advertise-address=127.0.0.1":
+			// The test plays MetalLB with a loopback address so that the
+			// operator's probe reaches this process; kube-apiserver refuses
+			// to publish a loopback address in the tenant's kubernetes
+			// Service, so publish a documentation address instead.
+			a = "--advertise-address=192.0.2.10"
+		}
+		args = append(args, a)
+	}
+	bin, err := testenv.KubeBinary(ctr.Command[0])
+	s.must(err)
+	logPath := filepath.Join(dir, "kube-apiserver.log")
+	logFile, err := os.Create(logPath)
+	s.must(err)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	s.must(cmd.Start())
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			<-done
+			logFile.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(logPath)
+				t.Logf("tenant kube-apiserver log (%s):\n%s", logPath, tailLines(string(b), 60))
+			}
+			// The tenant's restricted etcd user must have sufficed.
+			if b, _ := os.ReadFile(logPath); bytes.Contains(b, []byte("permission denied")) {
+				t.Errorf("tenant kube-apiserver hit etcd permission errors:\n%s", grepLines(string(b), "permission denied", 10))
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+func grepLines(s, substr string, n int) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) && len(out) < n {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// checkQuiet watches every object of a Ready tenant over several resync
+// periods, during which the operator reconciles it again and again, and
+// fails on any write.
+func (s *suite) checkQuiet(t *testing.T, name string) {
+	cs, err := kubernetes.NewForConfig(s.cfg)
+	s.must(err)
+	dyn, err := client.NewWithWatch(s.cfg, client.Options{Scheme: s.c.Scheme()})
+	s.must(err)
+	ctx, cancel := context.WithTimeout(s.ctx, 4*resync+time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	var writes []string
+	watchList := func(what string, w watch.Interface, err error, mine func(metav1.Object) bool) {
+		s.must(err)
+		go func() {
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return
+					}
+					if obj, err := meta.Accessor(ev.Object); err == nil && mine(obj) {
+						mu.Lock()
+						desc := fmt.Sprintf("%s %s %s rv=%s", ev.Type, what, obj.GetName(), obj.GetResourceVersion())
+						if e, ok := ev.Object.(*eventsv1.Event); ok {
+							desc += fmt.Sprintf(" reason=%s note=%q series=%v", e.Reason, e.Note, e.Series)
+						}
+						writes = append(writes, desc)
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+	}
+	tenantLabel := func(o metav1.Object) bool { return o.GetLabels()[render.LabelTenant] == name }
+	startRV := func(list client.ObjectList) string {
+		s.must(s.c.List(s.ctx, list, client.InNamespace(tenantsNS)))
+		return list.(metav1.ListInterface).GetResourceVersion()
+	}
+	opts := func(rv string) metav1.ListOptions { return metav1.ListOptions{ResourceVersion: rv} }
+	w, err := cs.CoreV1().Secrets(tenantsNS).Watch(ctx, opts(startRV(&corev1.SecretList{})))
+	watchList("Secret", w, err, tenantLabel)
+	w, err = cs.CoreV1().Services(tenantsNS).Watch(ctx, opts(startRV(&corev1.ServiceList{})))
+	watchList("Service", w, err, tenantLabel)
+	w, err = cs.AppsV1().Deployments(tenantsNS).Watch(ctx, opts(startRV(&appsv1.DeploymentList{})))
+	watchList("Deployment", w, err, tenantLabel)
+	w, err = cs.EventsV1().Events(tenantsNS).Watch(ctx, opts(startRV(&eventsv1.EventList{})))
+	watchList("Event", w, err, func(o metav1.Object) bool { return strings.HasPrefix(o.GetName(), name+".") })
+	var tcps apiary.TenantControlPlaneList
+	w, err = dyn.Watch(ctx, &tcps, client.InNamespace(tenantsNS), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: startRV(&apiary.TenantControlPlaneList{})}})
+	watchList("TenantControlPlane", w, err, func(o metav1.Object) bool { return o.GetName() == name })
+
+	before := reconcileCount(t)
+	<-ctx.Done()
+	reconciles := reconcileCount(t) - before
+	// The check is only meaningful if the operator did reconcile meanwhile.
+	if reconciles < 3 {
+		t.Errorf("only %v reconciles during the quiet window; the resync did not run", reconciles)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(writes) > 0 {
+		t.Errorf("a Ready tenant with no changes was written %d times over %v reconciles:\n%s", len(writes), reconciles, strings.Join(writes, "\n"))
+	}
+	t.Logf("quiet: %v reconciles of all tenants in %s, 0 writes to tenant %s", reconciles, 4*resync, name)
+}
+
+// reconcileCount reads controller-runtime's reconcile counter of the
+// TenantControlPlane controller.
+func reconcileCount(t *testing.T) float64 {
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total float64
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if labelValue(m, "controller") == "tenantcontrolplane" {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func (s *suite) datastoreClientOf(t *testing.T, name string) (*clientv3.Client, datastore.Tenant) {
+	t.Helper()
+	eventually(t, name+" bound", 30*time.Second, func() error {
+		return s.tcpCondition(name, apiary.ConditionCertificatesReady, metav1.ConditionTrue, "")
+	})
+	secrets, err := s.secretsOf(name)
+	s.must(err)
+	sec := secrets[render.SecretDataStoreClient]
+	return s.etcd.ClientFor(t, sec.Data["tls.crt"], sec.Data["tls.key"]), datastore.TenantFor(s.getTCP(name).UID)
+}
+
+func (s *suite) testIsolation(t *testing.T) {
+	for _, name := range []string{"iso-a", "iso-b"} {
+		s.must(s.c.Create(s.ctx, newTCP(name, "default")))
+	}
+	a, ta := s.datastoreClientOf(t, "iso-a")
+	b, tb := s.datastoreClientOf(t, "iso-b")
+	if _, err := a.Put(s.ctx, ta.Prefix+"/namespaces/a", "a"); err != nil {
+		t.Fatalf("tenant A cannot write its own prefix: %v", err)
+	}
+	if _, err := b.Put(s.ctx, tb.Prefix+"/namespaces/b", "b"); err != nil {
+		t.Fatalf("tenant B cannot write its own prefix: %v", err)
+	}
+	denied := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Errorf("%s: got %v, want %v", what, err, rpctypes.ErrPermissionDenied)
+		}
+	}
+	_, err := a.Get(s.ctx, tb.Prefix+"/namespaces/b")
+	denied("A reads B's key", err)
+	_, err = a.Get(s.ctx, tb.Prefix+"/", clientv3.WithPrefix())
+	denied("A lists B's prefix", err)
+	_, err = a.Put(s.ctx, tb.Prefix+"/namespaces/evil", "x")
+	denied("A writes B's prefix", err)
+	_, err = a.Delete(s.ctx, tb.Prefix+"/", clientv3.WithPrefix())
+	denied("A deletes B's prefix", err)
+	_, err = a.Get(s.ctx, "/", clientv3.WithPrefix())
+	denied("A lists everything", err)
+	_, err = b.Get(s.ctx, ta.Prefix+"/namespaces/a")
+	denied("B reads A's key", err)
+	if resp, err := b.Get(s.ctx, tb.Prefix+"/namespaces/b"); err != nil || len(resp.Kvs) != 1 {
+		t.Errorf("B's data after A's attempts: %v %v", resp, err)
+	}
+}
+
+func (s *suite) testDelete(t *testing.T) {
+	for _, name := range []string{"iso-a", "ready"} {
+		tcp := s.getTCP(name)
+		tenant := datastore.TenantFor(tcp.UID)
+		keys, err := s.root.Get(s.ctx, tenant.Prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		s.must(err)
+		if keys.Count == 0 {
+			t.Fatalf("%s has no keys before deletion; the test would prove nothing", name)
+		}
+		s.must(s.c.Delete(s.ctx, tcp))
+		eventually(t, name+" deleted", 30*time.Second, func() error {
+			err := s.c.Get(s.ctx, client.ObjectKeyFromObject(tcp), &apiary.TenantControlPlane{})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("still there: %v", err)
+		})
+		s.wantEtcdTenant(t, tenant, false)
+		secrets, err := s.secretsOf(name)
+		s.must(err)
+		if len(secrets) != 0 {
+			t.Errorf("%s: %d Secrets left", name, len(secrets))
+		}
+		for _, obj := range []client.Object{&corev1.Service{}, &appsv1.Deployment{}} {
+			if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: name}, obj); !apierrors.IsNotFound(err) {
+				t.Errorf("%s: %T left: %v", name, obj, err)
+			}
+		}
+		if !s.hasEvent(t, name, "Released") {
+			t.Errorf("%s: no Released event", name)
+		}
+	}
+	// The other tenant is untouched.
+	_, tb := s.datastoreClientOf(t, "iso-b")
+	resp, err := s.root.Get(s.ctx, tb.Prefix+"/namespaces/b")
+	s.must(err)
+	if len(resp.Kvs) != 1 {
+		t.Errorf("iso-b lost its data when iso-a was deleted")
+	}
+}
+
+func (s *suite) testDataStoreFailures(t *testing.T) {
+	t.Run("unreachable", func(t *testing.T) {
+		flaky := etcdtest.Start(t)
+		s.createDataStore("flaky", flaky.Config())
+		eventually(t, "flaky Ready", 30*time.Second, func() error {
+			return s.dataStoreCondition("flaky", apiary.ConditionReady, metav1.ConditionTrue, "")
+		})
+		s.must(s.c.Create(s.ctx, newTCP("on-flaky", "flaky")))
+		eventually(t, "on-flaky bound", 30*time.Second, func() error {
+			return s.tcpCondition("on-flaky", apiary.ConditionDataStoreReady, metav1.ConditionTrue, controllers.ReasonBound)
+		})
+		flaky.Stop()
+		eventually(t, "flaky unreachable", 60*time.Second, func() error {
+			return s.dataStoreCondition("flaky", apiary.ConditionReady, metav1.ConditionFalse, datastore.ReasonUnreachable)
+		})
+		eventually(t, "tenant of flaky not ready", 60*time.Second, func() error {
+			return s.tcpCondition("on-flaky", apiary.ConditionDataStoreReady, metav1.ConditionFalse, datastore.ReasonUnreachable)
+		})
+	})
+	t.Run("wrong root credentials", func(t *testing.T) {
+		// A client certificate from the right CA, for a user etcd does not
+		// know: TLS passes, authentication fails.
+		cfg := s.etcd.Config()
+		kp, err := s.etcd.CA.Sign(render.ClientCertRequest("impostor"))
+		s.must(err)
+		cfg.ClientCert = kp.CertPEM()
+		cfg.ClientKey, err = kp.KeyPEM()
+		s.must(err)
+		s.createDataStore("wrong-auth", cfg)
+		eventually(t, "wrong-auth not Ready", 30*time.Second, func() error {
+			return s.dataStoreCondition("wrong-auth", apiary.ConditionReady, metav1.ConditionFalse, datastore.ReasonAuthFailed)
+		})
+		s.must(s.c.Create(s.ctx, newTCP("on-wrong-auth", "wrong-auth")))
+		eventually(t, "tenant of wrong-auth not ready", 30*time.Second, func() error {
+			return s.tcpCondition("on-wrong-auth", apiary.ConditionDataStoreReady, metav1.ConditionFalse, datastore.ReasonAuthFailed)
+		})
+	})
+	t.Run("foreign CA", func(t *testing.T) {
+		other, err := pki.NewCA("someone else")
+		s.must(err)
+		kp, err := other.Sign(render.ClientCertRequest("root"))
+		s.must(err)
+		cfg := s.etcd.Config()
+		cfg.ClientCert = kp.CertPEM()
+		cfg.ClientKey, err = kp.KeyPEM()
+		s.must(err)
+		s.createDataStore("foreign-ca", cfg)
+		eventually(t, "foreign-ca not Ready", 30*time.Second, func() error {
+			return s.dataStoreCondition("foreign-ca", apiary.ConditionReady, metav1.ConditionFalse, datastore.ReasonTLSFailed)
+		})
+	})
+	t.Run("missing Secret", func(t *testing.T) {
+		s.must(s.c.Create(s.ctx, &apiary.DataStore{
+			ObjectMeta: metav1.ObjectMeta{Name: "no-secret"},
+			Spec: apiary.DataStoreSpec{Endpoints: []string{s.etcd.Endpoint}, TLS: apiary.DataStoreTLS{
+				CASecretRef:     apiary.SecretReference{Name: "absent", Namespace: systemNS},
+				ClientSecretRef: apiary.SecretReference{Name: "absent", Namespace: systemNS},
+			}},
+		}))
+		eventually(t, "no-secret not Ready", 30*time.Second, func() error {
+			return s.dataStoreCondition("no-secret", apiary.ConditionReady, metav1.ConditionFalse, "SecretNotFound")
+		})
+	})
+}
+
+func (s *suite) testDataStoreProtection(t *testing.T) {
+	s.createDataStore("guarded", s.etcd.Config())
+	s.must(s.c.Create(s.ctx, newTCP("guarded-t", "guarded")))
+	eventually(t, "guarded-t bound", 30*time.Second, func() error {
+		return s.tcpCondition("guarded-t", apiary.ConditionDataStoreReady, metav1.ConditionTrue, controllers.ReasonBound)
+	})
+	var ds apiary.DataStore
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "guarded"}, &ds))
+	s.must(s.c.Delete(s.ctx, &ds))
+	eventually(t, "deletion blocked", 30*time.Second, func() error {
+		if err := s.dataStoreCondition("guarded", controllers.ConditionDeletionBlocked, metav1.ConditionTrue, controllers.ReasonInUse); err != nil {
+			return err
+		}
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "guarded"}, &ds))
+		if c := meta.FindStatusCondition(ds.Status.Conditions, controllers.ConditionDeletionBlocked); !strings.Contains(c.Message, "tenants/guarded-t") {
+			return fmt.Errorf("message does not name the tenant: %s", c.Message)
+		}
+		if ds.Status.Tenants != 1 || !slices.Equal(ds.Status.UsedBy, []string{"tenants/guarded-t"}) {
+			return fmt.Errorf("tenants=%d usedBy=%v", ds.Status.Tenants, ds.Status.UsedBy)
+		}
+		return nil
+	})
+	s.must(s.c.Delete(s.ctx, s.getTCP("guarded-t")))
+	eventually(t, "DataStore gone once unused", 30*time.Second, func() error {
+		err := s.c.Get(s.ctx, client.ObjectKey{Name: "guarded"}, &apiary.DataStore{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there: %v", err)
+	})
+}

@@ -1,0 +1,168 @@
+// Package operator wires Apiary's controllers and webhooks into a
+// controller-runtime manager.
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/apiaryhq/apiary/datastore"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/controllers"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/webhooks"
+)
+
+// Options configure the operator; cmd/apiary maps them to flags.
+type Options struct {
+	MetricsAddr             string
+	ProbeAddr               string
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	LeaderElectionID        string
+	Webhooks                bool
+	WebhookHost             string
+	WebhookPort             int
+	WebhookCertDir          string
+	ImageRepository         string
+	ClusterDomain           string
+	MaxConcurrentReconciles int
+	// ResyncPeriod re-reconciles every object this often even without
+	// changes (0: controller-runtime's default of about 10 hours).
+	ResyncPeriod time.Duration
+	// DataStoreCheckInterval is how often each DataStore's etcd is checked.
+	DataStoreCheckInterval time.Duration
+}
+
+// DefaultOptions are the flag defaults.
+func DefaultOptions() Options {
+	return Options{
+		MetricsAddr:             ":8080",
+		ProbeAddr:               ":8081",
+		LeaderElectionID:        "apiary-operator.apiary.dev",
+		Webhooks:                true,
+		WebhookPort:             9443,
+		ClusterDomain:           "cluster.local",
+		MaxConcurrentReconciles: 4,
+		DataStoreCheckInterval:  controllers.DefaultDataStoreCheckInterval,
+	}
+}
+
+// Scheme holds every type the operator reads or writes.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := apiary.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewManager builds a manager with Apiary's controllers and webhooks. The
+// returned cleanup closes datastore connections.
+func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, nil, err
+	}
+	// Cache only the Secrets, Services and Deployments Apiary owns: a
+	// management cluster may hold many others, and caching every Secret
+	// would cost memory and read access the operator does not need.
+	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{render.LabelManagedBy: render.ManagedBy})}
+	mgrOpts := ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: opts.MetricsAddr},
+		HealthProbeBindAddress:  opts.ProbeAddr,
+		LeaderElection:          opts.LeaderElection,
+		LeaderElectionID:        opts.LeaderElectionID,
+		LeaderElectionNamespace: opts.LeaderElectionNamespace,
+		// Hand over at once on a clean shutdown (rolling update).
+		LeaderElectionReleaseOnCancel: true,
+		Cache: cache.Options{SyncPeriod: resync(opts.ResyncPeriod), ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:     owned,
+			&corev1.Service{}:    owned,
+			&appsv1.Deployment{}: owned,
+		}},
+	}
+	if opts.Webhooks {
+		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir})
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating manager: %w", err)
+	}
+	pool := datastore.NewPool()
+	if err := (&controllers.DataStoreReconciler{
+		Client:        mgr.GetClient(),
+		APIReader:     mgr.GetAPIReader(),
+		Recorder:      mgr.GetEventRecorder("apiary-datastore"),
+		DataStores:    pool,
+		CheckInterval: opts.DataStoreCheckInterval,
+	}).SetupWithManager(mgr); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("setting up DataStore controller: %w", err)
+	}
+	if err := (&controllers.TenantControlPlaneReconciler{
+		Client:                  mgr.GetClient(),
+		APIReader:               mgr.GetAPIReader(),
+		Recorder:                mgr.GetEventRecorder("apiary-tenantcontrolplane"),
+		DataStores:              pool,
+		ImageRepository:         opts.ImageRepository,
+		ClusterDomain:           opts.ClusterDomain,
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+	}).SetupWithManager(mgr); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("setting up TenantControlPlane controller: %w", err)
+	}
+	if opts.Webhooks {
+		if err := (webhooks.TenantControlPlane{}).Setup(mgr); err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("setting up webhooks: %w", err)
+		}
+		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return mgr, pool.Close, nil
+}
+
+// Run starts the operator and blocks until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	mgr, cleanup, err := NewManager(cfg, opts)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running manager: %w", err)
+	}
+	return nil
+}
+
+func resync(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
+}

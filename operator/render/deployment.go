@@ -1,0 +1,238 @@
+package render
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+const (
+	defaultImageRepository = "registry.k8s.io"
+	// nonRootUID is the distroless "nonroot" user: the control-plane
+	// binaries need no privileges, only to read their mounted Secrets.
+	nonRootUID = int64(65532)
+
+	containerAPIServer         = "kube-apiserver"
+	containerControllerManager = "kube-controller-manager"
+	containerScheduler         = "kube-scheduler"
+)
+
+// ConfigHash hashes the content of the given Secrets (name → data), in a
+// stable order.
+func ConfigHash(secrets map[string]map[string][]byte) string {
+	h := sha256.New()
+	for _, name := range slices.Sorted(maps.Keys(secrets)) {
+		h.Write([]byte(name))
+		h.Write([]byte{0})
+		data := secrets[name]
+		for _, k := range slices.Sorted(maps.Keys(data)) {
+			h.Write([]byte(k))
+			h.Write([]byte{0})
+			h.Write(data[k])
+			h.Write([]byte{0})
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// MountedSecrets are the Secret kinds mounted into the control-plane pods:
+// a change to any of them must roll the pods (ConfigHash).
+var MountedSecrets = []SecretKind{
+	SecretCA, SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyCA,
+	SecretFrontProxyClient, SecretServiceAccount, SecretDataStoreClient,
+	SecretControllerManagerConfig, SecretSchedulerConfig,
+}
+
+func image(in Inputs, component string) string {
+	repo := in.ImageRepository
+	if repo == "" {
+		repo = defaultImageRepository
+	}
+	return repo + "/" + component + ":" + in.TCP.Spec.Version
+}
+
+// secretItems projects some keys of one of the tenant's Secrets to paths
+// relative to /etc/kubernetes.
+func secretItems(tcp *apiary.TenantControlPlane, kind SecretKind, keyToPath ...string) *corev1ac.VolumeProjectionApplyConfiguration {
+	src := corev1ac.SecretProjection().WithName(SecretName(tcp, kind))
+	for i := 0; i+1 < len(keyToPath); i += 2 {
+		src.WithItems(corev1ac.KeyToPath().WithKey(keyToPath[i]).WithPath(keyToPath[i+1]))
+	}
+	return corev1ac.VolumeProjection().WithSecret(src)
+}
+
+const rel = len(kubernetesDir) + 1
+
+// Each container sees exactly the files it needs under /etc/kubernetes: the
+// API server never gets the CA keys; the controller-manager gets the cluster
+// CA key (it signs kubelet certificates) but no serving or etcd credentials.
+func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
+	return projectedVolume(containerAPIServer,
+		secretItems(tcp, SecretCA, KeyTLSCert, pathCACert[rel:]),
+		secretItems(tcp, SecretAPIServer, KeyTLSCert, pathAPIServerCert[rel:], KeyTLSKey, pathAPIServerKey[rel:]),
+		secretItems(tcp, SecretAPIServerKubeletClient, KeyTLSCert, pathKubeletClientCert[rel:], KeyTLSKey, pathKubeletClientKey[rel:]),
+		secretItems(tcp, SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert[rel:]),
+		secretItems(tcp, SecretFrontProxyClient, KeyTLSCert, pathFrontProxyClientCert[rel:], KeyTLSKey, pathFrontProxyClientKey[rel:]),
+		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:], KeySAPub, pathSAPub[rel:]),
+		secretItems(tcp, SecretDataStoreClient, KeyCACert, pathEtcdCACert[rel:], KeyTLSCert, pathEtcdClientCert[rel:], KeyTLSKey, pathEtcdClientKey[rel:]),
+	)
+}
+
+func controllerManagerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
+	return projectedVolume(containerControllerManager,
+		secretItems(tcp, SecretCA, KeyTLSCert, pathCACert[rel:], KeyTLSKey, pathCAKey[rel:]),
+		secretItems(tcp, SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert[rel:]),
+		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:]),
+		secretItems(tcp, SecretControllerManagerConfig, apiary.KubeconfigKey, pathControllerManagerCfg[rel:]),
+	)
+}
+
+func schedulerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
+	return projectedVolume(containerScheduler,
+		secretItems(tcp, SecretSchedulerConfig, apiary.KubeconfigKey, pathSchedulerCfg[rel:]),
+	)
+}
+
+func projectedVolume(name string, sources ...*corev1ac.VolumeProjectionApplyConfiguration) *corev1ac.VolumeApplyConfiguration {
+	return corev1ac.Volume().WithName(name).WithProjected(
+		corev1ac.ProjectedVolumeSource().WithDefaultMode(0o440).WithSources(sources...))
+}
+
+// defaultRequests keep many tenants schedulable on a small management
+// cluster; they are close to what an idle tenant uses (measured in
+// docs/benchmarks.md). Users set limits and larger requests per component.
+var defaultRequests = map[string]corev1.ResourceList{
+	containerAPIServer:         {corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+	containerControllerManager: {corev1.ResourceCPU: resource.MustParse("20m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+	containerScheduler:         {corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+}
+
+func resources(component string, spec apiary.ComponentSpec) *corev1ac.ResourceRequirementsApplyConfiguration {
+	requests := maps.Clone(defaultRequests[component])
+	maps.Copy(requests, spec.Resources.Requests)
+	r := corev1ac.ResourceRequirements().WithRequests(requests)
+	if len(spec.Resources.Limits) > 0 {
+		r.WithLimits(spec.Resources.Limits)
+	}
+	return r
+}
+
+func httpsProbe(path string, port int32, period, failures int32) *corev1ac.ProbeApplyConfiguration {
+	return corev1ac.Probe().
+		WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).WithPort(intstr.FromInt32(port)).WithScheme(corev1.URISchemeHTTPS)).
+		WithPeriodSeconds(period).
+		WithTimeoutSeconds(3).
+		WithFailureThreshold(failures)
+}
+
+func container(name string, in Inputs, args []string, spec apiary.ComponentSpec, port int32) *corev1ac.ContainerApplyConfiguration {
+	return corev1ac.Container().
+		WithName(name).
+		WithImage(image(in, name)).
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithCommand(name).
+		WithArgs(args...).
+		WithPorts(corev1ac.ContainerPort().WithName(portName(name)).WithContainerPort(port).WithProtocol(corev1.ProtocolTCP)).
+		WithResources(resources(name, spec)).
+		WithVolumeMounts(corev1ac.VolumeMount().WithName(name).WithMountPath(kubernetesDir).WithReadOnly(true)).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithAllowPrivilegeEscalation(false).
+			WithReadOnlyRootFilesystem(true).
+			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))).
+		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError)
+}
+
+func portName(container string) string {
+	switch container {
+	case containerAPIServer:
+		return "https"
+	case containerControllerManager:
+		return "kcm-https"
+	default:
+		return "sched-https"
+	}
+}
+
+// Deployment is the tenant's control plane: kube-apiserver,
+// kube-controller-manager and kube-scheduler in one pod, N replicas.
+func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
+	tcp := in.TCP
+	s := tcp.Spec
+	port := s.Network.Port
+
+	apiServer := container(containerAPIServer, in, APIServerArgs(in), s.APIServer, port).
+		// Startup polls every second so that a new tenant turns Ready as soon
+		// as it serves; afterwards readiness and liveness back off.
+		WithStartupProbe(httpsProbe("/livez", port, 1, 120)).
+		WithReadinessProbe(httpsProbe("/readyz", port, 2, 3)).
+		WithLivenessProbe(httpsProbe("/livez", port, 10, 6))
+	controllerManager := container(containerControllerManager, in, ControllerManagerArgs(in), s.ControllerManager, controllerManagerPort).
+		WithStartupProbe(httpsProbe("/healthz", controllerManagerPort, 2, 60)).
+		WithLivenessProbe(httpsProbe("/healthz", controllerManagerPort, 10, 6))
+	scheduler := container(containerScheduler, in, SchedulerArgs(in), s.Scheduler, schedulerPort).
+		WithStartupProbe(httpsProbe("/healthz", schedulerPort, 2, 60)).
+		WithLivenessProbe(httpsProbe("/healthz", schedulerPort, 10, 6))
+
+	selector := SelectorLabels(tcp)
+	podLabels := maps.Clone(Labels(tcp))
+	maps.Copy(podLabels, selector)
+
+	pod := corev1ac.PodSpec().
+		WithContainers(apiServer, controllerManager, scheduler).
+		WithVolumes(apiServerVolume(tcp), controllerManagerVolume(tcp), schedulerVolume(tcp)).
+		// The pod never talks to the management cluster's API.
+		WithAutomountServiceAccountToken(false).
+		WithEnableServiceLinks(false).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithRunAsNonRoot(true).
+			WithRunAsUser(nonRootUID).
+			WithRunAsGroup(nonRootUID).
+			WithFSGroup(nonRootUID).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		// Spread replicas over nodes when there are several.
+		WithAffinity(corev1ac.Affinity().WithPodAntiAffinity(corev1ac.PodAntiAffinity().
+			WithPreferredDuringSchedulingIgnoredDuringExecution(corev1ac.WeightedPodAffinityTerm().
+				WithWeight(100).
+				WithPodAffinityTerm(corev1ac.PodAffinityTerm().
+					WithTopologyKey(corev1.LabelHostname).
+					WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(selector))))))
+
+	return appsv1ac.Deployment(DeploymentName(tcp), tcp.Namespace).
+		WithLabels(Labels(tcp)).
+		WithOwnerReferences(OwnerReference(tcp)).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithReplicas(*s.Replicas).
+			WithRevisionHistoryLimit(3).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selector)).
+			// Never fewer ready API servers than asked for during a rollout.
+			WithStrategy(appsv1ac.DeploymentStrategy().
+				WithType("RollingUpdate").
+				WithRollingUpdate(appsv1ac.RollingUpdateDeployment().
+					WithMaxUnavailable(intstr.FromInt32(0)).
+					WithMaxSurge(intstr.FromInt32(1)))).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(podLabels).
+				WithAnnotations(map[string]string{AnnotationConfigHash: in.ConfigHash}).
+				WithSpec(pod)))
+}
+
+// OwnerReference makes the tenant the controller of an object.
+func OwnerReference(tcp *apiary.TenantControlPlane) *metav1ac.OwnerReferenceApplyConfiguration {
+	return metav1ac.OwnerReference().
+		WithAPIVersion(apiary.GroupVersion.String()).
+		WithKind("TenantControlPlane").
+		WithName(tcp.Name).
+		WithUID(tcp.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+}

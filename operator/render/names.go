@@ -1,0 +1,88 @@
+// Package render holds the pure functions that turn a TenantControlPlane and
+// the facts observed about it into the objects the operator applies: the
+// Service, the control-plane Deployment, its arguments, and the content of
+// the tenant's Secrets. Nothing here talks to an API server or reads the
+// clock, so the same inputs always give the same objects (golden-file tests).
+package render
+
+import (
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+// Labels and annotations on every object Apiary creates for a tenant.
+const (
+	LabelTenant    = "apiary.dev/tenant"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelSecret    = "apiary.dev/secret"
+	ManagedBy      = "apiary"
+
+	// AnnotationConfigHash on the pod template is a hash of every Secret
+	// mounted into the control-plane pods: a change to any of them rolls the
+	// pods.
+	AnnotationConfigHash = "apiary.dev/config-hash"
+
+	componentControlPlane = "control-plane"
+)
+
+// SecretKind names one of the Secrets of a tenant; the Secret's name is
+// "<tenant>-<kind>".
+type SecretKind string
+
+const (
+	SecretCA                      SecretKind = "ca"
+	SecretAPIServer               SecretKind = "apiserver"
+	SecretAPIServerKubeletClient  SecretKind = "apiserver-kubelet-client"
+	SecretFrontProxyCA            SecretKind = "front-proxy-ca"
+	SecretFrontProxyClient        SecretKind = "front-proxy-client"
+	SecretServiceAccount          SecretKind = "sa"
+	SecretDataStoreClient         SecretKind = "datastore-client"
+	SecretAdminKubeconfig         SecretKind = "admin-kubeconfig"
+	SecretControllerManagerConfig SecretKind = "controller-manager-kubeconfig"
+	SecretSchedulerConfig         SecretKind = "scheduler-kubeconfig"
+)
+
+// AllSecretKinds lists every Secret of a tenant, in the order they are
+// issued (CAs before what they sign).
+var AllSecretKinds = []SecretKind{
+	SecretCA, SecretFrontProxyCA, SecretServiceAccount, SecretDataStoreClient,
+	SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyClient,
+	SecretAdminKubeconfig, SecretControllerManagerConfig, SecretSchedulerConfig,
+}
+
+// Keys inside the Secrets.
+const (
+	KeyTLSCert = "tls.crt"
+	KeyTLSKey  = "tls.key"
+	KeyCACert  = "ca.crt"
+	KeySAKey   = "sa.key"
+	KeySAPub   = "sa.pub"
+)
+
+// SecretName is the name of a tenant's Secret of the given kind.
+func SecretName(tcp *apiary.TenantControlPlane, kind SecretKind) string {
+	if kind == SecretAdminKubeconfig {
+		return tcp.AdminKubeconfigSecretName()
+	}
+	return tcp.Name + "-" + string(kind)
+}
+
+// ServiceName is the tenant API Service; DeploymentName the control plane.
+func ServiceName(tcp *apiary.TenantControlPlane) string    { return tcp.Name }
+func DeploymentName(tcp *apiary.TenantControlPlane) string { return tcp.Name }
+
+// Labels of every object of the tenant.
+func Labels(tcp *apiary.TenantControlPlane) map[string]string {
+	return map[string]string{
+		LabelTenant:    tcp.Name,
+		LabelManagedBy: ManagedBy,
+	}
+}
+
+// SelectorLabels select the tenant's control-plane pods.
+func SelectorLabels(tcp *apiary.TenantControlPlane) map[string]string {
+	return map[string]string{
+		LabelTenant:    tcp.Name,
+		LabelComponent: componentControlPlane,
+	}
+}

@@ -1,0 +1,194 @@
+package render
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func fixture() *apiary.TenantControlPlane {
+	tcp := &apiary.TenantControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "0a1b2c3d-0000-4000-8000-000000000001"},
+	}
+	tcp.Default()
+	return tcp
+}
+
+func inputs(tcp *apiary.TenantControlPlane) Inputs {
+	return Inputs{
+		TCP:              tcp,
+		AdvertiseAddress: "192.0.2.10",
+		EtcdServers:      []string{"https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379"},
+		EtcdPrefix:       "/apiary/" + string(tcp.UID),
+		ConfigHash:       "0123456789abcdef",
+	}
+}
+
+func golden(t *testing.T, name string, obj any) {
+	t.Helper()
+	got, err := yaml.Marshal(obj)
+	if err != nil {
+		t.Fatalf("marshal %s: %v", name, err)
+	}
+	path := filepath.Join("testdata", name+".golden.yaml")
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading golden file (run go test ./operator/render -update to create it): %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from %s (run with -update if the change is intended):\n%s", name, path, lineDiff(string(want), string(got)))
+	}
+}
+
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			b.WriteString("- " + wl + "\n+ " + gl + "\n")
+		}
+	}
+	return b.String()
+}
+
+func TestDeploymentGolden(t *testing.T) {
+	golden(t, "deployment", Deployment(inputs(fixture())))
+}
+
+func TestDeploymentGoldenCustomised(t *testing.T) {
+	tcp := fixture()
+	tcp.Spec.Replicas = new(int32(3))
+	tcp.Spec.Network.Port = 443
+	tcp.Spec.APIServer.ExtraArgs = map[string]string{"audit-log-maxage": "7", "profiling": "true"}
+	tcp.Spec.Scheduler.ExtraArgs = map[string]string{"v": "4"}
+	in := inputs(tcp)
+	in.ImageRepository = "mirror.example.com/k8s"
+	golden(t, "deployment-customised", Deployment(in))
+}
+
+func TestServiceGolden(t *testing.T) {
+	golden(t, "service", Service(fixture()))
+	tcp := fixture()
+	tcp.Spec.Network.Address = "192.0.2.50"
+	golden(t, "service-fixed-address", Service(tcp))
+}
+
+func TestArgsAreDeterministicAndSorted(t *testing.T) {
+	tcp := fixture()
+	tcp.Spec.APIServer.ExtraArgs = map[string]string{"z": "1", "a": "2", "m": "3", "audit-log-path": "-"}
+	first := APIServerArgs(inputs(tcp))
+	for range 50 {
+		if got := APIServerArgs(inputs(tcp)); !slices.Equal(got, first) {
+			t.Fatalf("arguments changed between renders:\n%v\n%v", first, got)
+		}
+	}
+	if !slices.IsSorted(first) {
+		t.Errorf("arguments are not sorted: %v", first)
+	}
+}
+
+func TestExtraArgsOverrideDefaults(t *testing.T) {
+	tcp := fixture()
+	tcp.Spec.APIServer.ExtraArgs = map[string]string{"authorization-mode": "RBAC"}
+	args := APIServerArgs(inputs(tcp))
+	if !slices.Contains(args, "--authorization-mode=RBAC") || slices.Contains(args, "--authorization-mode=Node,RBAC") {
+		t.Errorf("extraArgs did not replace the default: %v", args)
+	}
+	count := 0
+	for _, a := range args {
+		if strings.HasPrefix(a, "--authorization-mode=") {
+			count++
+		}
+	}
+	if count != 1 {
+		t.Errorf("--authorization-mode appears %d times", count)
+	}
+}
+
+func TestAPIServerArgsBindTenantToItsDatastore(t *testing.T) {
+	args := APIServerArgs(inputs(fixture()))
+	for _, want := range []string{
+		"--etcd-prefix=/apiary/0a1b2c3d-0000-4000-8000-000000000001",
+		"--etcd-servers=https://etcd-0.etcd:2379,https://etcd-1.etcd:2379",
+		"--etcd-certfile=/etc/kubernetes/pki/apiserver-etcd-client.crt",
+		"--etcd-compaction-interval=0",
+		"--advertise-address=192.0.2.10",
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("missing %s in %v", want, args)
+		}
+	}
+}
+
+func TestAPIServerCertRequestNames(t *testing.T) {
+	tcp := fixture()
+	tcp.Spec.Network.CertSANs = []string{"api.acme.example", "198.51.100.7"}
+	tcp.Spec.Network.Address = "192.0.2.10"
+	req := APIServerCertRequest(tcp, Endpoint{Host: "192.0.2.10", Port: 6443, ClusterIP: "10.0.0.42"}, "cluster.local")
+	for _, name := range []string{"kubernetes", "kubernetes.default.svc.cluster.local", "acme", "acme.tenants.svc", "acme.tenants.svc.cluster.local", "localhost", "api.acme.example"} {
+		if !slices.Contains(req.DNSNames, name) {
+			t.Errorf("missing DNS name %s in %v", name, req.DNSNames)
+		}
+	}
+	var ips []string
+	for _, ip := range req.IPs {
+		ips = append(ips, ip.String())
+	}
+	slices.Sort(ips)
+	if want := []string{"10.0.0.42", "10.96.0.1", "127.0.0.1", "192.0.2.10", "198.51.100.7"}; !slices.Equal(ips, want) {
+		t.Errorf("IPs %v, want %v (each once)", ips, want)
+	}
+}
+
+func TestKubeconfigRoundTrip(t *testing.T) {
+	raw, err := Kubeconfig("acme", "https://192.0.2.10:6443", []byte("CA"), "acme-admin", []byte("CERT"), []byte("KEY"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.Load(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := cfg.Contexts[cfg.CurrentContext]
+	if ctx == nil || cfg.Clusters[ctx.Cluster].Server != "https://192.0.2.10:6443" || string(cfg.AuthInfos[ctx.AuthInfo].ClientKeyData) != "KEY" {
+		t.Errorf("kubeconfig does not round-trip: %s", raw)
+	}
+}
+
+func TestConfigHashChangesWithContent(t *testing.T) {
+	a := ConfigHash(map[string]map[string][]byte{"s1": {"k": []byte("v")}, "s2": {"k": []byte("w")}})
+	b := ConfigHash(map[string]map[string][]byte{"s2": {"k": []byte("w")}, "s1": {"k": []byte("v")}})
+	c := ConfigHash(map[string]map[string][]byte{"s1": {"k": []byte("v2")}, "s2": {"k": []byte("w")}})
+	if a != b {
+		t.Errorf("hash depends on map order")
+	}
+	if a == c {
+		t.Errorf("hash ignores content")
+	}
+}
