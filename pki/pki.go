@@ -82,7 +82,9 @@ func NewCA(commonName string) (*KeyPair, error) {
 	if err != nil {
 		return nil, err
 	}
-	cert, err := certutil.NewSelfSignedCACert(certutil.Config{CommonName: commonName}, key)
+	// Backdated like the leaves: a CA valid only from now would make a peer
+	// whose clock is slightly behind reject every chain.
+	cert, err := certutil.NewSelfSignedCACert(certutil.Config{CommonName: commonName, NotBefore: time.Now().Add(-clockSkew)}, key)
 	if err != nil {
 		return nil, fmt.Errorf("self-signing CA %q: %w", commonName, err)
 	}
@@ -197,7 +199,7 @@ func Problem(cert *x509.Certificate, ca *x509.Certificate, req Request, now time
 	}
 	for _, u := range req.Usages {
 		if !slices.Contains(cert.ExtKeyUsage, u) {
-			return fmt.Sprintf("missing extended key usage %d", u)
+			return "missing extended key usage " + usageName(u)
 		}
 	}
 	return ""
@@ -266,4 +268,15 @@ func ServiceAccountKeyProblem(privatePEM, publicPEM []byte) string {
 		return "public key does not match the private key"
 	}
 	return ""
+}
+
+func usageName(u x509.ExtKeyUsage) string {
+	switch u {
+	case x509.ExtKeyUsageServerAuth:
+		return "server auth"
+	case x509.ExtKeyUsageClientAuth:
+		return "client auth"
+	default:
+		return fmt.Sprintf("%d", u)
+	}
 }

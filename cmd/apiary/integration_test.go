@@ -30,17 +30,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/apiaryhq/apiary/internal/testenv"
 	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
 // testEnv is one kube-apiserver + etcd shared by the tests of this package.
 type testEnv struct {
-	env    *envtest.Environment
+	env    *testenv.Env
 	client client.Client // cluster-admin, to set the scene
 	// kubeconfig is the content of a cluster-admin kubeconfig whose current
 	// context is "envtest".
 	kubeconfig []byte
-	assets     string
 }
 
 var (
@@ -55,7 +55,6 @@ func TestMain(m *testing.M) {
 		if err := shared.env.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "stopping envtest: %v\n", err)
 		}
-		_ = os.RemoveAll(shared.assets)
 	}
 	os.Exit(code)
 }
@@ -71,55 +70,15 @@ func environment(t *testing.T) *testEnv {
 	return shared
 }
 
-func binDir(envVar, version string) string {
-	if d := os.Getenv(envVar); d != "" {
-		return d
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "apiary", "bin", version)
-}
-
 func startEnv() (*testEnv, error) {
-	kubeBin := binDir("APIARY_KUBE_BIN", "kubernetes-v1.37.2")
-	etcdBin := binDir("APIARY_ETCD_BIN", "etcd-v3.6.16")
-	assets, err := os.MkdirTemp("", "apiary-envtest-")
+	e, err := testenv.New(testenv.Options{})
 	if err != nil {
 		return nil, err
 	}
-	for name, dir := range map[string]string{"kube-apiserver": kubeBin, "kubectl": kubeBin, "etcd": etcdBin} {
-		src := filepath.Join(dir, name)
-		if fi, err := os.Stat(src); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			_ = os.RemoveAll(assets)
-			return nil, fmt.Errorf("%s is missing or not executable (APIARY_KUBE_BIN / APIARY_ETCD_BIN): run make tools", src)
-		}
-		if err := os.Symlink(src, filepath.Join(assets, name)); err != nil {
-			_ = os.RemoveAll(assets)
-			return nil, err
-		}
-	}
-	// These would take precedence over BinaryAssetsDirectory.
-	for _, v := range []string{"KUBEBUILDER_ASSETS", "TEST_ASSET_KUBE_APISERVER", "TEST_ASSET_ETCD", "TEST_ASSET_KUBECTL"} {
-		_ = os.Unsetenv(v)
-	}
-
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		return nil, err
-	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "charts", "apiary", "crds")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		_ = os.RemoveAll(assets)
-		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
-	}
-	te := &testEnv{env: env, assets: assets}
+	env, cfg := e.Environment, e.Config
+	te := &testEnv{env: e}
 	fail := func(err error) (*testEnv, error) {
-		_ = env.Stop()
-		_ = os.RemoveAll(assets)
+		_ = e.Stop()
 		return nil, err
 	}
 

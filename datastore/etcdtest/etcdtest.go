@@ -28,12 +28,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/apiaryhq/apiary/datastore"
+	"github.com/apiaryhq/apiary/internal/testenv"
 	"github.com/apiaryhq/apiary/pki"
 )
 
 // Version is the etcd version `make tools` builds (ETCD_VERSION in the
 // Makefile); it names the default binary directory.
-const Version = "v3.6.16"
+const Version = testenv.EtcdVersion
 
 const (
 	// pollInterval is how often Start checks whether etcd is up.
@@ -102,23 +103,7 @@ func WithArgs(args ...string) Option {
 // BinaryPath resolves an etcd binary (etcd, etcdctl): $APIARY_ETCD_BIN/name,
 // or $HOME/.cache/apiary/bin/etcd-<Version>/name when the variable is unset.
 func BinaryPath(name string) (string, error) {
-	dir := os.Getenv("APIARY_ETCD_BIN")
-	if dir == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", fmt.Errorf("locating %s: APIARY_ETCD_BIN is unset and there is no home directory (%v): run `make tools`", name, err)
-		}
-		dir = filepath.Join(home, ".cache", "apiary", "bin", "etcd-"+Version)
-	}
-	path := filepath.Join(dir, name)
-	fi, err := os.Stat(path)
-	if err != nil {
-		return "", fmt.Errorf("%s %s not found at %s: run `make tools` to build it from source (%v)", name, Version, path, err)
-	}
-	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-		return "", fmt.Errorf("%s at %s is not an executable file: run `make tools` to rebuild it", name, path)
-	}
-	return path, nil
+	return testenv.EtcdBinary(name)
 }
 
 // Start runs etcd and returns once it serves requests, with auth enabled

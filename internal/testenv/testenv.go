@@ -49,8 +49,12 @@ func EtcdBinary(name string) (string, error) {
 }
 
 func existing(path string) (string, error) {
-	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("%s is missing: build it from source with `make tools` (%w)", path, err)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("%s is missing: run `make tools` to build it from source (%w)", path, err)
+	}
+	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%s is not an executable file: run `make tools` to rebuild it", path)
 	}
 	return path, nil
 }
@@ -61,24 +65,27 @@ func RepoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// AssetsDir returns a directory laid out the way envtest expects
-// (kube-apiserver, etcd, kubectl side by side), made of symlinks to the
-// from-source binaries. The test fails, never skips, when they are missing.
-func AssetsDir(t testing.TB) string {
-	t.Helper()
-	dir := t.TempDir()
+// assetsDir makes a directory laid out the way envtest expects
+// (kube-apiserver, etcd, kubectl side by side), of symlinks to the
+// from-source binaries.
+func assetsDir() (string, error) {
+	dir, err := os.MkdirTemp("", "apiary-envtest-")
+	if err != nil {
+		return "", err
+	}
 	for name, find := range map[string]func(string) (string, error){
 		"kube-apiserver": KubeBinary, "kubectl": KubeBinary, "etcd": EtcdBinary,
 	} {
 		path, err := find(name)
-		if err != nil {
-			t.Fatal(err)
+		if err == nil {
+			err = os.Symlink(path, filepath.Join(dir, name))
 		}
-		if err := os.Symlink(path, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return "", err
 		}
 	}
-	return dir
+	return dir, nil
 }
 
 // Options select what the environment installs.
@@ -88,13 +95,35 @@ type Options struct {
 	Webhooks bool
 }
 
-// Start runs kube-apiserver and etcd with Apiary's CRDs installed, and stops
-// them when the test ends.
-func Start(t testing.TB, opts Options) (*envtest.Environment, *rest.Config) {
-	t.Helper()
+// Env is a running kube-apiserver and etcd with Apiary's CRDs.
+type Env struct {
+	*envtest.Environment
+	Config *rest.Config
+	assets string
+}
+
+// Stop stops the processes and removes the assets directory.
+func (e *Env) Stop() error {
+	err := e.Environment.Stop()
+	_ = os.RemoveAll(e.assets)
+	return err
+}
+
+// New starts kube-apiserver and etcd with Apiary's CRDs installed. It fails,
+// never skips, when the from-source binaries are missing.
+func New(opts Options) (*Env, error) {
+	assets, err := assetsDir()
+	if err != nil {
+		return nil, err
+	}
+	// These would take precedence over BinaryAssetsDirectory and run other
+	// binaries than the ones built from source.
+	for _, v := range []string{"KUBEBUILDER_ASSETS", "TEST_ASSET_KUBE_APISERVER", "TEST_ASSET_ETCD", "TEST_ASSET_KUBECTL"} {
+		_ = os.Unsetenv(v)
+	}
 	root := RepoRoot()
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: AssetsDir(t),
+		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(root, "charts", "apiary", "crds")},
 		ErrorIfCRDPathMissing: true,
 	}
@@ -105,12 +134,24 @@ func Start(t testing.TB, opts Options) (*envtest.Environment, *rest.Config) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
-		t.Fatalf("starting kube-apiserver and etcd (envtest): %v", err)
+		_ = os.RemoveAll(assets)
+		return nil, fmt.Errorf("starting kube-apiserver and etcd (envtest): %w", err)
+	}
+	return &Env{Environment: env, Config: cfg, assets: assets}, nil
+}
+
+// Start is New for one test: it fails the test on error and stops the
+// environment when the test ends.
+func Start(t testing.TB, opts Options) (*envtest.Environment, *rest.Config) {
+	t.Helper()
+	env, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := env.Stop(); err != nil {
 			t.Logf("stopping envtest: %v", err)
 		}
 	})
-	return env, cfg
+	return env.Environment, env.Config
 }

@@ -50,6 +50,10 @@ const (
 	// AnnotationDefaultDataStore marks the DataStore placement prefers.
 	AnnotationDefaultDataStore = "apiary.dev/default-datastore"
 
+	// apiUnreachableFastPoll is how long the tenant API is probed every
+	// second before backing off.
+	apiUnreachableFastPoll = 30 * time.Second
+
 	// dataStoreIndex indexes tenants by the DataStore they are bound to.
 	dataStoreIndex = "status.dataStore.name"
 )
@@ -308,8 +312,8 @@ func (r *TenantControlPlaneReconciler) issueBase(ctx context.Context, tcp *apiar
 	if err != nil {
 		return nil, fmt.Errorf("DataStore %s CA: %w", ds.Name, err)
 	}
-	dsUser := tcp.Status.DataStore.User
-	if err := cr.leaf(ctx, render.SecretDataStoreClient, dsCA, render.ClientCertRequest(dsUser), map[string][]byte{render.KeyCACert: dsCfg.CACert}); err != nil {
+	tenant := datastore.Tenant{User: tcp.Status.DataStore.User, Prefix: tcp.Status.DataStore.Prefix}
+	if err := cr.leaf(ctx, render.SecretDataStoreClient, dsCA, datastore.ClientCertRequest(tenant), map[string][]byte{render.KeyCACert: dsCfg.CACert}); err != nil {
 		return nil, err
 	}
 	if err := cr.leaf(ctx, render.SecretAPIServerKubeletClient, ca, render.ClientCertRequest(render.KubeletClientCN, render.MastersGroup), nil); err != nil {
@@ -570,6 +574,12 @@ func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *ap
 	}
 	if err := probeAPI(ctx, ca, ep); err != nil {
 		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonAPIUnreachable, err.Error())
+		// Poll fast while a new control plane comes up (Ready within
+		// seconds matters), then back off: an endpoint that stays
+		// unreachable emits no event and must not become a hot loop.
+		if c := meta.FindStatusCondition(tcp.Status.Conditions, apiary.ConditionReady); c != nil && r.Now().Sub(c.LastTransitionTime.Time) > apiUnreachableFastPoll {
+			return ctrl.Result{RequeueAfter: 15 * time.Second}
+		}
 		return ctrl.Result{RequeueAfter: time.Second}
 	}
 	if tcp.Spec.Mode == apiary.ModeRegistered {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -27,17 +28,27 @@ const (
 	MaxSupportedMinor = 37
 )
 
-// protectedArgs are flags of the tenant's components that bind it to its
-// datastore credentials and prefix: overriding them would let a tenant point
-// its API server at another tenant's keys (etcd would refuse, but the failure
-// would be confusing) or drop the client certificate.
-var protectedArgs = map[string]bool{
-	"etcd-servers":  true,
-	"etcd-prefix":   true,
-	"etcd-cafile":   true,
-	"etcd-certfile": true,
-	"etcd-keyfile":  true,
+// protectedArgs are flags Apiary sets from fields with rules of their own,
+// with the reason an extraArgs override is refused.
+var protectedArgs = map[string]string{
+	// Overriding these would point the API server at other keys or
+	// credentials than the tenant's own (etcd refuses, confusingly).
+	"etcd-servers":           "binds the tenant to its own datastore credentials",
+	"etcd-servers-overrides": "binds the tenant to its own datastore credentials",
+	"etcd-prefix":            "binds the tenant to its own datastore credentials",
+	"etcd-cafile":            "binds the tenant to its own datastore credentials",
+	"etcd-certfile":          "binds the tenant to its own datastore credentials",
+	"etcd-keyfile":           "binds the tenant to its own datastore credentials",
+	// These would get around the immutability of the network fields.
+	"service-cluster-ip-range": "comes from spec.network.serviceCIDR, which is immutable",
+	"cluster-cidr":             "comes from spec.network.podCIDR, which is immutable",
+	// The Service, the probes and the kubeconfigs use this port.
+	"secure-port": "comes from spec.network.port (and the component's fixed port)",
 }
+
+// versionPattern is the only form accepted: version.ParseSemantic alone
+// tolerates surrounding white space, which would end up in image tags.
+var versionPattern = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
 
 // +kubebuilder:webhook:path=/mutate-apiary-dev-v1alpha1-tenantcontrolplane,mutating=true,failurePolicy=fail,sideEffects=None,groups=apiary.dev,resources=tenantcontrolplanes,verbs=create;update,versions=v1alpha1,name=mtenantcontrolplane.apiary.dev,admissionReviewVersions=v1
 // +kubebuilder:webhook:path=/validate-apiary-dev-v1alpha1-tenantcontrolplane,mutating=false,failurePolicy=fail,sideEffects=None,groups=apiary.dev,resources=tenantcontrolplanes,verbs=create;update,versions=v1alpha1,name=vtenantcontrolplane.apiary.dev,admissionReviewVersions=v1
@@ -119,15 +130,15 @@ func Validate(tcp *apiary.TenantControlPlane) field.ErrorList {
 
 // parseVersion parses vMAJOR.MINOR.PATCH and checks that it is supported.
 func parseVersion(v string) (*version.Version, error) {
-	if !strings.HasPrefix(v, "v") {
-		return nil, fmt.Errorf("must be a Kubernetes version of the form vMAJOR.MINOR.PATCH, such as %s", apiary.DefaultVersion)
-	}
 	parsed, err := version.ParseSemantic(v)
-	if err != nil {
+	if err != nil || !strings.HasPrefix(v, "v") {
 		return nil, fmt.Errorf("must be a Kubernetes version of the form vMAJOR.MINOR.PATCH, such as %s", apiary.DefaultVersion)
 	}
 	if parsed.PreRelease() != "" || parsed.BuildMetadata() != "" {
 		return nil, fmt.Errorf("must be a released version without pre-release or build suffix, such as %s", apiary.DefaultVersion)
+	}
+	if !versionPattern.MatchString(v) {
+		return nil, fmt.Errorf("must be a Kubernetes version of the form vMAJOR.MINOR.PATCH, such as %s", apiary.DefaultVersion)
 	}
 	if parsed.Major() != 1 || parsed.Minor() < MinSupportedMinor || parsed.Minor() > MaxSupportedMinor {
 		return nil, fmt.Errorf("is not supported: supported versions are v1.%d.x to v1.%d.x", MinSupportedMinor, MaxSupportedMinor)
@@ -189,12 +200,24 @@ func validateNetwork(p *field.Path, n apiary.NetworkSpec) field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, "must not be the network address of serviceCIDR"))
 		case dns == first:
 			errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, "must not be the first address of serviceCIDR: it belongs to the kubernetes Service"))
+		case dns.Is4() && dns == lastAddr(services):
+			errs = append(errs, field.Invalid(p.Child("dnsServiceIP"), n.DNSServiceIP, "must not be the broadcast address of serviceCIDR: kube-apiserver never allocates it"))
 		}
 	}
 	for _, msg := range validation.IsDNS1123Subdomain(n.ClusterDomain) {
 		errs = append(errs, field.Invalid(p.Child("clusterDomain"), n.ClusterDomain, "must be a DNS subdomain: "+msg))
 	}
 	return errs
+}
+
+// lastAddr is the highest address of a prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func parseCIDR(p *field.Path, cidr string) (netip.Prefix, field.ErrorList) {
@@ -220,8 +243,11 @@ func validateComponent(p *field.Path, c apiary.ComponentSpec) field.ErrorList {
 		switch {
 		case k == "" || strings.HasPrefix(k, "-"):
 			errs = append(errs, field.Invalid(kp, k, "must be a flag name without leading dashes, such as audit-log-maxage"))
-		case protectedArgs[k]:
-			errs = append(errs, field.Forbidden(kp, "is set by Apiary to bind the tenant to its own datastore credentials and cannot be overridden"))
+		default:
+			// The components read '_' in flag names as '-'.
+			if why, ok := protectedArgs[strings.ReplaceAll(k, "_", "-")]; ok {
+				errs = append(errs, field.Forbidden(kp, "is set by Apiary and cannot be overridden: it "+why))
+			}
 		}
 	}
 	return errs
@@ -230,16 +256,27 @@ func validateComponent(p *field.Path, c apiary.ComponentSpec) field.ErrorList {
 // ValidateUpdate checks the rules that compare a change with the previous
 // object.
 func ValidateUpdate(old, tcp *apiary.TenantControlPlane) field.ErrorList {
+	// An object stored while the webhook was down has empty fields whose
+	// effective value is the default (the controller renders it so):
+	// compare with those.
+	old = old.DeepCopy()
+	old.Default()
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
 	oldV, oldErr := version.ParseSemantic(old.Spec.Version)
 	newV, newErr := parseVersion(tcp.Spec.Version)
 	if oldErr == nil && newErr == nil {
+		// The minor must not run ahead of what runs, either: with v1.35
+		// running and v1.36 asked for, v1.37 would skip v1.36.
+		from, fromV := old.Spec.Version, oldV
+		if running, err := version.ParseSemantic(old.Status.Version); err == nil && running.LessThan(oldV) {
+			from, fromV = old.Status.Version, running
+		}
 		switch {
 		case newV.LessThan(oldV):
 			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not be lower than the current version %s: downgrades are not supported", old.Spec.Version)))
-		case newV.Minor() > oldV.Minor()+1:
-			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not skip a minor version: upgrade from %s to v1.%d first", old.Spec.Version, oldV.Minor()+1)))
+		case newV.Minor() > fromV.Minor()+1:
+			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not skip a minor version: upgrade from %s to v1.%d first", from, fromV.Minor()+1)))
 		}
 	}
 	bound := old.Spec.DataStore
