@@ -44,6 +44,7 @@ func TestBinaryPathFromEnv(t *testing.T) {
 func TestBinaryPathDefault(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("APIARY_ETCD_BIN", "")
+	t.Setenv("APIARY_CACHE", "")
 	t.Setenv("HOME", home)
 	_, err := BinaryPath("etcdctl")
 	want := filepath.Join(home, ".cache", "apiary", "bin", "etcd-"+Version, "etcdctl")
