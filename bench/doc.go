@@ -5,14 +5,18 @@
 //
 //	go test -run '^$' -bench . -benchmem ./bench/...
 //
-// BenchmarkOperatorMemoryPerTenant has the integration build tag: it starts
-// a real kube-apiserver and etcd (envtest) plus a second etcd as the
-// DataStore, from the binaries `make tools` builds, runs the operator in the
-// test process and provisions 100 tenants. It is an experiment rather than
-// a loop, so run it once per process and repeat the command for more
-// samples:
+// BenchmarkOperatorMemoryPerTenant and BenchmarkOperatorProcessRSS have the
+// integration build tag. They start a real kube-apiserver and etcd (envtest)
+// and a second etcd as the DataStore, all from the binaries `make tools`
+// builds, and provision 100 tenants. The first runs the operator in the test
+// process. The second runs the `apiary operator` binary, which it builds,
+// as its own process. Each is an experiment rather than a loop: run it once
+// per process, and repeat the command for more samples:
 //
 //	go test -tags integration -run '^$' -bench BenchmarkOperatorMemoryPerTenant -benchtime=1x -count=1 ./bench/...
+//	go test -tags integration -run '^$' -bench BenchmarkOperatorProcessRSS -benchtime=1x -count=1 ./bench/...
 //
-// `make bench` runs everything (about 2 minutes on 2 cores).
+// `make bench` runs everything. It takes about 5 minutes on 2 cores, mostly
+// BenchmarkOperatorProcessRSS waiting on the operator's client-side rate
+// limit (see docs/benchmarks.md).
 package bench

@@ -130,7 +130,7 @@ func issueAll(tcp *apiary.TenantControlPlane, ds dataStoreCA) (map[render.Secret
 		return nil, err
 	}
 	dsTenant := datastore.TenantFor(tcp.UID)
-	if err := leaf(render.SecretDataStoreClient, dsCA, render.ClientCertRequest(dsTenant.User), map[string][]byte{render.KeyCACert: ds.certPEM}); err != nil {
+	if err := leaf(render.SecretDataStoreClient, dsCA, datastore.ClientCertRequest(dsTenant), map[string][]byte{render.KeyCACert: ds.certPEM}); err != nil {
 		return nil, err
 	}
 	if err := leaf(render.SecretAPIServerKubeletClient, ca, render.ClientCertRequest(render.KubeletClientCN, render.MastersGroup), nil); err != nil {

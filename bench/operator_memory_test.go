@@ -7,9 +7,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +25,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -60,7 +64,9 @@ var ran atomic.Bool
 // tenants are created and the benchmark waits until every one has
 // CertificatesReady=True (its Secrets, Service and Deployment exist; no pod
 // runs in envtest) and the operator is quiet. Readings are taken after two
-// runtime.GC calls.
+// runtime.GC calls. The manager gets envtest's rest.Config (QPS 1000), not
+// the client-go default of 5 QPS that the apiary binary runs with: see
+// BenchmarkOperatorProcessRSS for the binary.
 //
 // Metrics:
 //
@@ -74,6 +80,8 @@ var ran atomic.Bool
 //	s/100tcp           first create to the 100th CertificatesReady=True
 //	cpu-ms/tcp         CPU time of this process (the operator, plus the
 //	                   benchmark's creates and watch) until quiet / 100
+//	servers-cpu-ms/tcp CPU time of kube-apiserver and both etcds over the
+//	                   same window / 100
 //	reconciles/tcp     TenantControlPlane reconciles until quiet / 100
 //	writes/tcp         operator write requests (POST/PUT/PATCH/DELETE,
 //	                   events included) until quiet / 100
@@ -82,9 +90,9 @@ var ran atomic.Bool
 //	                   memory reading)
 //
 // The ns/op column is s/100tcp in nanoseconds; B/op and allocs/op count
-// every allocation of the process in that window (operator and the
-// benchmark's polling). APIARY_BENCH_HEAPPROFILE=file saves the heap at the
-// final reading.
+// every allocation of the process in that window (the operator, and the
+// benchmark's creates and watch). APIARY_BENCH_HEAPPROFILE=file saves the
+// heap at the final reading.
 func BenchmarkOperatorMemoryPerTenant(b *testing.B) {
 	if !ran.CompareAndSwap(false, true) {
 		b.Skip("runs once per process (controller names are process-global): repeat the go test command for more samples")
@@ -97,22 +105,8 @@ func BenchmarkOperatorMemoryPerTenant(b *testing.B) {
 	// Production logs JSON at info level to stderr; format it, drop it.
 	ctrllog.SetLogger(zap.New(zap.WriteTo(io.Discard)))
 
-	_, cfg := testenv.Start(b, testenv.Options{})
-	scheme, err := operator.Scheme()
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
 	ctx := b.Context()
-	etcd := etcdtest.Start(b)
-	for _, ns := range []string{memSystemNS, memTenantsNS} {
-		must(b, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	}
-	createDataStore(ctx, b, c, etcd)
-
+	cfg, scheme, c := startManagementCluster(b)
 	base := readMem(b)
 
 	opts := operator.DefaultOptions()
@@ -131,38 +125,24 @@ func BenchmarkOperatorMemoryPerTenant(b *testing.B) {
 	})
 	b.Cleanup(func() { cancel(); wg.Wait(); cleanup() })
 
-	waitFor(b, "DataStore default Ready", time.Minute, func() (bool, string) {
-		var ds apiary.DataStore
-		if err := c.Get(ctx, client.ObjectKey{Name: "default"}, &ds); err != nil {
-			return false, err.Error()
-		}
-		return meta.IsStatusConditionTrue(ds.Status.Conditions, apiary.ConditionReady), fmt.Sprint(ds.Status.Conditions)
-	})
+	waitDataStoreReady(b, c)
 	idle := readMem(b)
 	countsBefore := readCounters(b)
 	reconcilesBefore, writesBefore := countsBefore.reconciles["tenantcontrolplane"], countsBefore.writes
 
-	// Watch rather than poll: listing 100 tenants every 100 ms would cost
-	// this process more CPU and allocations than it measures.
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := wc.Watch(ctx, &apiary.TenantControlPlaneList{}, client.InNamespace(memTenantsNS))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Stop()
+	w := watchTenants(b, cfg, scheme)
 
-	cpuBefore := cpuTime(b)
+	// What the servers burn with nothing to do, to tell it apart.
+	idleStart, idleCPU := time.Now(), childrenCPU(b)
+	time.Sleep(2 * time.Second)
+	idleServers := sumCPU(childrenCPU(b)) - sumCPU(idleCPU)
+	idleRate := float64(idleServers) / float64(time.Since(idleStart))
+
+	cpuBefore, childrenBefore := cpuTime(b), childrenCPU(b)
+	windowStart := time.Now()
 	b.ResetTimer()
 	start := time.Now()
-	names := map[string]bool{}
-	for i := range memTenants {
-		tcp := benchTenant(i)
-		must(b, c.Create(ctx, tcp))
-		names[tcp.Name] = true
-	}
+	names := createTenants(b, c, 0, memTenants)
 	created := time.Since(start)
 	waitCertificatesReady(b, w, names)
 	elapsed := time.Since(start)
@@ -173,20 +153,23 @@ func BenchmarkOperatorMemoryPerTenant(b *testing.B) {
 	countsAfter := readCounters(b)
 	reconcilesAfter, writesAfter := countsAfter.reconciles["tenantcontrolplane"], countsAfter.writes
 	cpu := cpuTime(b) - cpuBefore
+	childrenAfter := childrenCPU(b)
+	window := time.Since(windowStart)
 	after := readMem(b)
 	if path := os.Getenv("APIARY_BENCH_HEAPPROFILE"); path != "" {
 		writeHeapProfile(b, path)
 	}
 
-
 	// One more tenant on the same DataStore, once the 100 are quiet: how
 	// many reconciles does it cause?
-	extra := benchTenant(memTenants)
-	must(b, c.Create(ctx, extra))
-	waitCertificatesReady(b, w, map[string]bool{extra.Name: true})
+	cpuBeforeExtra, countsBeforeExtra := cpuTime(b), readCounters(b)
+	waitCertificatesReady(b, w, createTenants(b, c, memTenants, 1))
 	waitQuiet(b)
-	countsExtra := readCounters(b)
-	b.ReportMetric(countsExtra.reconciles["tenantcontrolplane"]-reconcilesAfter, "reconciles-for-101st")
+	cpuExtra, countsExtra := cpuTime(b)-cpuBeforeExtra, readCounters(b)
+	b.ReportMetric(countsExtra.reconciles["tenantcontrolplane"]-countsBeforeExtra.reconciles["tenantcontrolplane"], "reconciles-for-101st")
+	b.Logf("the 101st tenant caused %.0f TenantControlPlane reconciles, %.0f API writes, %.0f API reads and %s of CPU in this process",
+		countsExtra.reconciles["tenantcontrolplane"]-countsBeforeExtra.reconciles["tenantcontrolplane"],
+		countsExtra.writes-countsBeforeExtra.writes-1, countsExtra.reads-countsBeforeExtra.reads, cpuExtra.Round(time.Millisecond))
 
 	mib := func(bytes int64) float64 { return float64(bytes) / (1 << 20) }
 	perTCP := func(bytes int64) float64 { return mib(bytes) / memTenants }
@@ -197,12 +180,23 @@ func BenchmarkOperatorMemoryPerTenant(b *testing.B) {
 	b.ReportMetric(mib(after.rss), "rss-MiB-total")
 	b.ReportMetric(elapsed.Seconds(), "s/100tcp")
 	b.ReportMetric(float64(cpu.Milliseconds())/memTenants, "cpu-ms/tcp")
+	var childCPU []string
+	var childTotal time.Duration
+	for _, name := range slices.Sorted(maps.Keys(childrenAfter)) {
+		d := childrenAfter[name] - childrenBefore[name]
+		childTotal += d
+		childCPU = append(childCPU, fmt.Sprintf("%s %s", name, d.Round(10*time.Millisecond)))
+	}
+	b.ReportMetric(float64(childTotal.Milliseconds())/memTenants, "servers-cpu-ms/tcp")
 	b.ReportMetric((reconcilesAfter-reconcilesBefore)/memTenants, "reconciles/tcp")
 	// The benchmark itself created the tenants.
 	b.ReportMetric((writesAfter-writesBefore-memTenants)/memTenants, "writes/tcp")
 
 	b.Logf("creating %d tenants took %s; all CertificatesReady after %s; quiet after a further %s; this process used %s of CPU meanwhile",
 		memTenants, created.Round(time.Millisecond), elapsed.Round(time.Millisecond), quietAfter.Round(time.Millisecond), cpu.Round(time.Millisecond))
+	b.Logf("CPU over the %s until quiet: this process %s; %s (idle, the servers use %.0f%% of a core: %s of this)",
+		window.Round(10*time.Millisecond), cpu.Round(10*time.Millisecond), strings.Join(childCPU, ", "),
+		100*idleRate, time.Duration(idleRate*float64(window)).Round(10*time.Millisecond))
 	b.Logf("until quiet: %.0f TenantControlPlane reconciles, %.0f DataStore reconciles, %.0f API writes and %.0f API reads (GET, LIST, WATCH; the benchmark's own included)",
 		reconcilesAfter-reconcilesBefore, countsAfter.reconciles["datastore"]-countsBefore.reconciles["datastore"],
 		writesAfter-writesBefore, countsAfter.reads-countsBefore.reads)
@@ -235,6 +229,75 @@ func must(b *testing.B, err error) {
 	if err != nil {
 		b.Fatal(err)
 	}
+}
+
+// startManagementCluster starts kube-apiserver with Apiary's CRDs (envtest)
+// and a real etcd with TLS and auth as the DataStore "default", and creates
+// the namespaces, the DataStore's Secrets and the DataStore.
+func startManagementCluster(b *testing.B) (*rest.Config, *k8sruntime.Scheme, client.Client) {
+	b.Helper()
+	_, cfg := testenv.Start(b, testenv.Options{})
+	scheme, err := operator.Scheme()
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	etcd := etcdtest.Start(b)
+	for _, ns := range []string{memSystemNS, memTenantsNS} {
+		must(b, c.Create(b.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	}
+	createDataStore(b.Context(), b, c, etcd)
+	return cfg, scheme, c
+}
+
+func waitDataStoreReady(b *testing.B, c client.Client) {
+	b.Helper()
+	waitFor(b, "DataStore default Ready", time.Minute, func() (bool, string) {
+		var ds apiary.DataStore
+		if err := c.Get(b.Context(), client.ObjectKey{Name: "default"}, &ds); err != nil {
+			return false, err.Error()
+		}
+		return meta.IsStatusConditionTrue(ds.Status.Conditions, apiary.ConditionReady), fmt.Sprint(ds.Status.Conditions)
+	})
+}
+
+// watchTenants watches the tenants' namespace. Watch rather than poll:
+// listing 100 tenants every 100 ms would cost this process more CPU and
+// allocations than it measures.
+func watchTenants(b *testing.B, cfg *rest.Config, scheme *k8sruntime.Scheme) watch.Interface {
+	b.Helper()
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := wc.Watch(b.Context(), &apiary.TenantControlPlaneList{}, client.InNamespace(memTenantsNS))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(w.Stop)
+	return w
+}
+
+// createTenants creates n ClusterIP tenants on the DataStore "default",
+// numbered from first, and returns their names.
+func createTenants(b *testing.B, c client.Client, first, n int) map[string]bool {
+	b.Helper()
+	names := map[string]bool{}
+	for i := first; i < first+n; i++ {
+		tcp := &apiary.TenantControlPlane{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%03d", i), Namespace: memTenantsNS},
+			Spec: apiary.TenantControlPlaneSpec{
+				DataStore: "default",
+				Network:   apiary.NetworkSpec{ServiceType: corev1.ServiceTypeClusterIP},
+			},
+		}
+		must(b, c.Create(b.Context(), tcp))
+		names[tcp.Name] = true
+	}
+	return names
 }
 
 // createDataStore stores the etcd's TLS material in Secrets and creates the
@@ -275,16 +338,6 @@ func checkOwnedObjects(ctx context.Context, b *testing.B, c client.Client) {
 	want := [3]int{memTenants * len(render.AllSecretKinds), memTenants, memTenants}
 	if got := [3]int{len(secrets.Items), len(services.Items), len(deployments.Items)}; got != want {
 		b.Fatalf("Secrets, Services, Deployments: got %v, want %v", got, want)
-	}
-}
-
-func benchTenant(i int) *apiary.TenantControlPlane {
-	return &apiary.TenantControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%03d", i), Namespace: memTenantsNS},
-		Spec: apiary.TenantControlPlaneSpec{
-			DataStore: "default",
-			Network:   apiary.NetworkSpec{ServiceType: corev1.ServiceTypeClusterIP},
-		},
 	}
 }
 
@@ -343,8 +396,24 @@ func waitFor(b *testing.B, what string, timeout time.Duration, f func() (bool, s
 // middle of a reconcile wave.
 func waitQuiet(b *testing.B) time.Duration {
 	b.Helper()
+	return waitQuietFunc(b, func() (float64, error) {
+		reconciles, _ := counters(b)
+		return reconciles, nil
+	})
+}
+
+// waitQuietFunc waits until reconciles() has not changed for two seconds.
+func waitQuietFunc(b *testing.B, reconciles func() (float64, error)) time.Duration {
+	b.Helper()
 	start := time.Now()
-	last, _ := counters(b)
+	read := func() float64 {
+		n, err := reconciles()
+		if err != nil {
+			b.Fatalf("reading the reconcile count: %v", err)
+		}
+		return n
+	}
+	last := read()
 	stableSince := time.Now()
 	for time.Since(stableSince) < 2*time.Second {
 		if time.Since(start) > time.Minute {
@@ -352,7 +421,7 @@ func waitQuiet(b *testing.B) time.Duration {
 			break
 		}
 		time.Sleep(250 * time.Millisecond)
-		if now, _ := counters(b); now != last {
+		if now := read(); now != last {
 			last, stableSince = now, time.Now()
 		}
 	}
@@ -418,6 +487,54 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// childrenCPU is the CPU time of each child process (kube-apiserver, the
+// envtest etcd, the DataStore etcd) by name, from /proc/<pid>/stat; two
+// children of the same name (the etcds) are summed.
+func childrenCPU(b *testing.B) map[string]time.Duration {
+	b.Helper()
+	const clockTicks = 100 // USER_HZ on Linux
+	self := os.Getpid()
+	out := map[string]time.Duration{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ... utime(14) stime(15): comm may hold
+		// spaces, so split after its closing parenthesis.
+		open, closing := strings.IndexByte(string(raw), '('), strings.LastIndexByte(string(raw), ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		fields := strings.Fields(string(raw[closing+1:]))
+		if len(fields) < 13 {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(fields[1]); ppid != self {
+			continue
+		}
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		out[string(raw[open+1:closing])] += time.Duration(utime+stime) * time.Second / clockTicks
+	}
+	return out
+}
+
+func sumCPU(m map[string]time.Duration) time.Duration {
+	var total time.Duration
+	for _, d := range m {
+		total += d
+	}
+	return total
 }
 
 type memReading struct {

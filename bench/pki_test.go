@@ -135,7 +135,7 @@ func BenchmarkVerifyCredentials(b *testing.B) {
 		b.Fatal(err)
 	}
 	now := time.Now()
-	dsUser := datastore.TenantFor(tcp.UID).User
+	dsTenant := datastore.TenantFor(tcp.UID)
 	check := func(ok bool, what string) {
 		if !ok {
 			b.Fatalf("verification failed: %s", what)
@@ -179,7 +179,7 @@ func BenchmarkVerifyCredentials(b *testing.B) {
 		check(pki.ServiceAccountKeyProblem(sa[render.KeySAKey], sa[render.KeySAPub]) == "", "sa")
 		dsCA, err := pki.ParseKeyPair(ds.certPEM, ds.keyPEM)
 		check(err == nil, "datastore CA")
-		leaf(render.SecretDataStoreClient, dsCA, render.ClientCertRequest(dsUser), map[string][]byte{render.KeyCACert: ds.certPEM})
+		leaf(render.SecretDataStoreClient, dsCA, datastore.ClientCertRequest(dsTenant), map[string][]byte{render.KeyCACert: ds.certPEM})
 		leaf(render.SecretAPIServerKubeletClient, ca, render.ClientCertRequest(render.KubeletClientCN, render.MastersGroup), nil)
 		leaf(render.SecretFrontProxyClient, frontProxyCA, render.ClientCertRequest(render.FrontProxyClientCN), nil)
 		kubeconfigs(render.SecretControllerManagerConfig, ca, render.ClientCertRequest(render.ControllerManagerCN), apiary.KubeconfigKey)

@@ -28,7 +28,7 @@ func renderFixture(b *testing.B) (render.Inputs, map[string]map[string][]byte) {
 var sink any
 
 // BenchmarkRender is a full render of one tenant: ConfigHash over the nine
-// mounted Secrets (about 9 KiB of PEM and kubeconfigs), the Deployment, the
+// mounted Secrets (about 11 KB of PEM and kubeconfigs), the Deployment, the
 // Service and the three argument lists.
 func BenchmarkRender(b *testing.B) {
 	in, secrets := renderFixture(b)

@@ -97,11 +97,16 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
 		// Hand over at once on a clean shutdown (rolling update).
 		LeaderElectionReleaseOnCancel: true,
-		Cache: cache.Options{SyncPeriod: resync(opts.ResyncPeriod), ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:     owned,
-			&corev1.Service{}:    owned,
-			&appsv1.Deployment{}: owned,
-		}},
+		Cache: cache.Options{
+			SyncPeriod: resync(opts.ResyncPeriod),
+			// The operator applies with SSA and never reads managedFields:
+			// ~10% of the cached bytes per tenant.
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}:     owned,
+				&corev1.Service{}:    owned,
+				&appsv1.Deployment{}: owned,
+			}},
 	}
 	if opts.Webhooks {
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir})

@@ -16,6 +16,8 @@ import (
 func newOperatorCommand() *cobra.Command {
 	opts := operator.DefaultOptions()
 	logOpts := zap.Options{}
+	var qps float32 = -1
+	burst := 100
 	cmd := &cobra.Command{
 		Use:   "operator",
 		Short: "Run the Apiary operator (controllers and webhooks)",
@@ -43,6 +45,10 @@ $KUBECONFIG or ~/.kube/config. Run several replicas with --leader-elect.`,
 			if err != nil {
 				return err
 			}
+			// client-go's default (5 requests/s per resource type) makes 100
+			// tenants take minutes to provision; like controller-runtime, rely
+			// on the API server's priority and fairness unless told otherwise.
+			cfg.QPS, cfg.Burst = qps, burst
 			return operator.Run(cmd.Context(), cfg, opts)
 		},
 	}
@@ -57,6 +63,8 @@ $KUBECONFIG or ~/.kube/config. Run several replicas with --leader-elect.`,
 	f.StringVar(&opts.ImageRepository, "image-repository", opts.ImageRepository, "registry and path that replace registry.k8s.io in control-plane images (air-gapped installs)")
 	f.StringVar(&opts.ClusterDomain, "cluster-domain", opts.ClusterDomain, "DNS domain of the management cluster (names in the tenant API serving certificate)")
 	f.DurationVar(&opts.DataStoreCheckInterval, "datastore-check-interval", opts.DataStoreCheckInterval, "how often each DataStore's etcd is checked for reachability and authentication")
+	f.Float32Var(&qps, "kube-api-qps", qps, "client-side limit of requests per second to the management API server (-1: none, rely on API priority and fairness)")
+	f.IntVar(&burst, "kube-api-burst", burst, "client-side burst of requests to the management API server (with --kube-api-qps > 0)")
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles, "tenants reconciled in parallel")
 	gofs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	logOpts.BindFlags(gofs)

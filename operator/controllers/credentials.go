@@ -141,11 +141,10 @@ func (cr *credentials) ca(ctx context.Context, kind render.SecretKind, commonNam
 func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki.KeyPair, req pki.Request, extra map[string][]byte) error {
 	data, why := cr.existing(kind)
 	if data != nil {
-		why = cr.leafProblem(data, ca, req, extra)
-		if why == "" {
+		var kept *pki.KeyPair
+		if kept, why = cr.leafProblem(data, ca, req, extra); why == "" {
 			cr.data[kind] = data
-			kp, _ := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey])
-			cr.record(kind, string(kind), kp)
+			cr.record(kind, string(kind), kept)
 			return nil
 		}
 	}
@@ -168,17 +167,17 @@ func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki
 	return nil
 }
 
-func (cr *credentials) leafProblem(data map[string][]byte, ca *pki.KeyPair, req pki.Request, extra map[string][]byte) string {
+func (cr *credentials) leafProblem(data map[string][]byte, ca *pki.KeyPair, req pki.Request, extra map[string][]byte) (*pki.KeyPair, string) {
 	kp, err := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey])
 	if err != nil {
-		return "unreadable: " + err.Error()
+		return nil, "unreadable: " + err.Error()
 	}
 	for k, v := range extra {
 		if !bytes.Equal(data[k], v) {
-			return k + " changed"
+			return nil, k + " changed"
 		}
 	}
-	return pki.Problem(kp.Cert, ca.Cert, req, cr.now)
+	return kp, pki.Problem(kp.Cert, ca.Cert, req, cr.now)
 }
 
 // serviceAccountKey keeps or issues the service-account signing key pair.

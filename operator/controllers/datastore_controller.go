@@ -13,10 +13,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/apiaryhq/apiary/datastore"
@@ -73,11 +76,27 @@ func (r *DataStoreReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				}
 			}
 			return reqs
-		})).
+		}), builder.WithPredicates(tenantChangesDataStore())).
 		// One unreachable etcd (each check waits for its timeout) must not
 		// delay the others.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
+}
+
+// tenantChangesDataStore passes the tenant changes that change a
+// DataStore's tenant list: binding, deletion and the cleanup finalizer.
+func tenantChangesDataStore() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, okOld := e.ObjectOld.(*apiary.TenantControlPlane)
+		n, okNew := e.ObjectNew.(*apiary.TenantControlPlane)
+		if !okOld || !okNew {
+			return true
+		}
+		return o.Spec.DataStore != n.Spec.DataStore ||
+			o.Status.DataStore.Name != n.Status.DataStore.Name ||
+			!o.DeletionTimestamp.Equal(n.DeletionTimestamp) ||
+			!slices.Equal(o.Finalizers, n.Finalizers)
+	}}
 }
 
 // Reconcile checks one DataStore.

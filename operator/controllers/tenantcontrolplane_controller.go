@@ -123,7 +123,7 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 		Owns(&corev1.Service{}).
 		Owns(&appsv1.Deployment{}).
 		// A DataStore turning Ready (or not) changes its tenants' conditions.
-		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore)).
+		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore), builder.WithPredicates(dataStoreChangesTenants())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }
@@ -134,6 +134,27 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 func deletionPredicate() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectNew.GetDeletionTimestamp() != nil
+	}}
+}
+
+// dataStoreChangesTenants passes the DataStore changes that matter to its
+// tenants: readiness, spec, protection (finalizer) and deletion. Its tenant
+// count changes whenever a tenant comes or goes; reacting to that would
+// reconcile every tenant of a DataStore for each new one.
+func dataStoreChangesTenants() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		oldDS, okOld := e.ObjectOld.(*apiary.DataStore)
+		newDS, okNew := e.ObjectNew.(*apiary.DataStore)
+		if !okOld || !okNew {
+			return true
+		}
+		oldReady := meta.FindStatusCondition(oldDS.Status.Conditions, apiary.ConditionReady)
+		newReady := meta.FindStatusCondition(newDS.Status.Conditions, apiary.ConditionReady)
+		return oldDS.Generation != newDS.Generation ||
+			!oldDS.DeletionTimestamp.Equal(newDS.DeletionTimestamp) ||
+			!slices.Equal(oldDS.Finalizers, newDS.Finalizers) ||
+			(oldReady == nil) != (newReady == nil) ||
+			(oldReady != nil && (oldReady.Status != newReady.Status || oldReady.Reason != newReady.Reason))
 	}}
 }
 
