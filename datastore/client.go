@@ -372,3 +372,29 @@ func (c *Client) TenantExists(ctx context.Context, t Tenant) (bool, error) {
 	n, err := c.CountKeys(ctx, key)
 	return n > 0, err
 }
+
+// EnableAuth turns on authentication on a new etcd that the operator runs
+// itself: it creates the root user (certificate authentication only, no
+// password) with the root role, then enables auth. Before auth is enabled
+// etcd lets any client with a trusted certificate do this; afterwards only
+// root can, and an etcd with auth already enabled is left as it is. It
+// returns whether it changed anything.
+func (c *Client) EnableAuth(ctx context.Context) (changed bool, err error) {
+	st, err := c.etcd.AuthStatus(ctx)
+	if err != nil {
+		return false, wrapf(err, "reading etcd auth status")
+	}
+	if st.Enabled {
+		return false, nil
+	}
+	if _, err := c.etcd.UserAddWithOptions(ctx, rootUser, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil && !errors.Is(err, rpctypes.ErrUserAlreadyExist) {
+		return false, wrapf(err, "adding etcd user %q", rootUser)
+	}
+	if _, err := c.etcd.UserGrantRole(ctx, rootUser, rootRole); err != nil {
+		return false, wrapf(err, "granting role %q to etcd user %q", rootRole, rootUser)
+	}
+	if _, err := c.etcd.AuthEnable(ctx); err != nil {
+		return false, wrapf(err, "enabling etcd auth")
+	}
+	return true, nil
+}

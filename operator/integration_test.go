@@ -26,6 +26,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -126,6 +127,7 @@ func TestOperator(t *testing.T) {
 	t.Run("DeleteRemovesEverything", s.testDelete)
 	t.Run("DataStoreFailures", s.testDataStoreFailures)
 	t.Run("DataStoreDeletionBlockedWhileUsed", s.testDataStoreProtection)
+	t.Run("ManagedDataStore", s.testManagedDataStore)
 }
 
 type testLogWriter struct {
@@ -199,7 +201,7 @@ func (s *suite) createDataStore(name string, cfg datastore.Config) {
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: apiary.DataStoreSpec{
 			Endpoints: cfg.Endpoints,
-			TLS: apiary.DataStoreTLS{
+			TLS: &apiary.DataStoreTLS{
 				CASecretRef:     apiary.SecretReference{Name: ca.Name, Namespace: systemNS},
 				ClientSecretRef: apiary.SecretReference{Name: root.Name, Namespace: systemNS},
 			},
@@ -709,8 +711,9 @@ func (s *suite) runTenantAPIServer(t *testing.T, dep *appsv1.Deployment) func() 
 			// The test plays MetalLB with a loopback address so that the
 			// operator's probe reaches this process; kube-apiserver refuses
 			// to publish a loopback address in the tenant's kubernetes
-			// Service, so publish a documentation address instead.
-			a = "--advertise-address=192.0.2.10"
+			// Service, so publish a documentation address (TEST-NET-2,
+			// nothing connects to it) instead.
+			a = "--advertise-address=198.51.100.10"
 		}
 		args = append(args, a)
 	}
@@ -1001,7 +1004,7 @@ func (s *suite) testDataStoreFailures(t *testing.T) {
 	t.Run("missing Secret", func(t *testing.T) {
 		s.must(s.c.Create(s.ctx, &apiary.DataStore{
 			ObjectMeta: metav1.ObjectMeta{Name: "no-secret"},
-			Spec: apiary.DataStoreSpec{Endpoints: []string{s.etcd.Endpoint}, TLS: apiary.DataStoreTLS{
+			Spec: apiary.DataStoreSpec{Endpoints: []string{s.etcd.Endpoint}, TLS: &apiary.DataStoreTLS{
 				CASecretRef:     apiary.SecretReference{Name: "absent", Namespace: systemNS},
 				ClientSecretRef: apiary.SecretReference{Name: "absent", Namespace: systemNS},
 			}},
@@ -1041,5 +1044,69 @@ func (s *suite) testDataStoreProtection(t *testing.T) {
 			return nil
 		}
 		return fmt.Errorf("still there: %v", err)
+	})
+}
+
+// testManagedDataStore checks what envtest can show of a managed etcd: its
+// API rules, the Secrets, Service, PDB and StatefulSet the operator creates,
+// and Ready=False until members are ready (envtest runs no pods; the e2e
+// suite runs the members for real).
+func (s *suite) testManagedDataStore(t *testing.T) {
+	t.Run("API rules", func(t *testing.T) {
+		both := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "both"}, Spec: apiary.DataStoreSpec{
+			Endpoints: []string{"https://x:2379"},
+			TLS:       &apiary.DataStoreTLS{CASecretRef: apiary.SecretReference{Name: "a", Namespace: "b"}, ClientSecretRef: apiary.SecretReference{Name: "a", Namespace: "b"}},
+			Managed:   &apiary.ManagedEtcd{Namespace: systemNS},
+		}}
+		wantRejected(t, s.c.Create(s.ctx, both), "spec", "set either managed, or endpoints and tls, not both")
+		neither := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "neither"}, Spec: apiary.DataStoreSpec{Endpoints: []string{"https://x:2379"}}}
+		wantRejected(t, s.c.Create(s.ctx, neither), "spec", "needs both endpoints and tls")
+		even := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "even"}, Spec: apiary.DataStoreSpec{Managed: &apiary.ManagedEtcd{Namespace: systemNS, Replicas: 2}}}
+		wantRejected(t, s.c.Create(s.ctx, even), "spec.managed.replicas", "Unsupported value: 2")
+	})
+	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "managed"}, Spec: apiary.DataStoreSpec{
+		Managed: &apiary.ManagedEtcd{Namespace: systemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{EmptyDir: true}},
+	}}
+	s.must(s.c.Create(s.ctx, ds))
+	if ds.Spec.Managed.Version != "3.6.16" {
+		t.Errorf("default version %q", ds.Spec.Managed.Version)
+	}
+	eventually(t, "managed etcd provisioning", 30*time.Second, func() error {
+		return s.dataStoreCondition("managed", apiary.ConditionReady, metav1.ConditionFalse, controllers.ReasonProvisioning)
+	})
+	var sts appsv1.StatefulSet
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &sts))
+	if *sts.Spec.Replicas != 3 || sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("StatefulSet replicas %d policy %s", *sts.Spec.Replicas, sts.Spec.PodManagementPolicy)
+	}
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &corev1.Service{}))
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &policyv1.PodDisruptionBudget{}))
+	for _, kind := range []string{"etcd-ca", "etcd-server", "etcd-peer", "etcd-root"} {
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-" + kind}, &corev1.Secret{}))
+	}
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
+	if len(ds.Status.Endpoints) != 3 || ds.Status.Endpoints[0] != "https://managed-etcd-0.managed-etcd.apiary-system.svc.cluster.local:2379" {
+		t.Errorf("status.endpoints %v", ds.Status.Endpoints)
+	}
+	if c := meta.FindStatusCondition(ds.Status.Conditions, apiary.ConditionReady); !strings.Contains(c.Message, "0 of 3 etcd members ready") {
+		t.Errorf("Ready message %q", c.Message)
+	}
+	// Replicas cannot change yet.
+	ds.Spec.Managed.Replicas = 5
+	wantRejected(t, s.c.Update(s.ctx, ds), "spec.managed.replicas", "scaling a managed etcd is not supported")
+	// Deleting an unused managed DataStore removes its etcd and Secrets.
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
+	s.must(s.c.Delete(s.ctx, ds))
+	eventually(t, "managed etcd removed", 30*time.Second, func() error {
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &appsv1.StatefulSet{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("StatefulSet: %v", err)
+		}
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd-root"}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("root Secret: %v", err)
+		}
+		if err := s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, &apiary.DataStore{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("DataStore: %v", err)
+		}
+		return nil
 	})
 }

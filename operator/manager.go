@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -103,9 +104,11 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 			// ~10% of the cached bytes per tenant.
 			DefaultTransform: cache.TransformStripManagedFields(),
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Secret{}:     owned,
-				&corev1.Service{}:    owned,
-				&appsv1.Deployment{}: owned,
+				&corev1.Secret{}:                owned,
+				&corev1.Service{}:               owned,
+				&appsv1.Deployment{}:            owned,
+				&appsv1.StatefulSet{}:           owned,
+				&policyv1.PodDisruptionBudget{}: owned,
 			}},
 	}
 	if opts.Webhooks {
@@ -117,11 +120,13 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 	}
 	pool := datastore.NewPool()
 	if err := (&controllers.DataStoreReconciler{
-		Client:        mgr.GetClient(),
-		APIReader:     mgr.GetAPIReader(),
-		Recorder:      mgr.GetEventRecorder("apiary-datastore"),
-		DataStores:    pool,
-		CheckInterval: opts.DataStoreCheckInterval,
+		Client:          mgr.GetClient(),
+		APIReader:       mgr.GetAPIReader(),
+		Recorder:        mgr.GetEventRecorder("apiary-datastore"),
+		DataStores:      pool,
+		CheckInterval:   opts.DataStoreCheckInterval,
+		ClusterDomain:   opts.ClusterDomain,
+		ImageRepository: opts.ImageRepository,
 	}).SetupWithManager(mgr); err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up DataStore controller: %w", err)

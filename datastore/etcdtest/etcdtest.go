@@ -314,21 +314,15 @@ func (s *Server) waitReady(p *process) error {
 // certificate, CN=root), grants it the root role and enables auth, as an
 // operator would with etcdctl.
 func (s *Server) enableAuth() error {
-	cli, err := s.client(s.Root.CertPEM(), s.rootKeyPEM)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dc, err := datastore.Connect(ctx, s.Config())
 	if err != nil {
 		return err
 	}
-	defer func() { _ = cli.Close() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := cli.UserAddWithOptions(ctx, "root", "", &clientv3.UserAddOptions{NoPassword: true}); err != nil {
-		return fmt.Errorf("adding user root: %w", err)
-	}
-	if _, err := cli.UserGrantRole(ctx, "root", "root"); err != nil {
-		return fmt.Errorf("granting role root: %w", err)
-	}
-	if _, err := cli.AuthEnable(ctx); err != nil {
-		return fmt.Errorf("auth enable: %w", err)
+	defer func() { _ = dc.Close() }()
+	if _, err := dc.EnableAuth(ctx); err != nil {
+		return fmt.Errorf("enabling auth: %w", err)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -18,14 +19,49 @@ import (
 	"github.com/apiaryhq/apiary/pki"
 )
 
-// credentials issues a tenant's Secrets: it keeps what is still valid and
+// secretSet says whose Secrets a credentials issuer manages: a tenant's,
+// or a managed etcd's.
+type secretSet interface {
+	namespace() string
+	// selector lists the set's Secrets.
+	selector() map[string]string
+	name(kind render.SecretKind) string
+	secret(kind render.SecretKind, data map[string][]byte) *corev1.Secret
+	ownerUID() types.UID
+	// clusterName names the cluster in kubeconfigs.
+	clusterName() string
+}
+
+type tenantSecrets struct{ tcp *apiary.TenantControlPlane }
+
+func (t tenantSecrets) namespace() string                  { return t.tcp.Namespace }
+func (t tenantSecrets) selector() map[string]string        { return render.Labels(t.tcp) }
+func (t tenantSecrets) name(kind render.SecretKind) string { return render.SecretName(t.tcp, kind) }
+func (t tenantSecrets) ownerUID() types.UID                { return t.tcp.UID }
+func (t tenantSecrets) clusterName() string                { return t.tcp.Name }
+func (t tenantSecrets) secret(kind render.SecretKind, data map[string][]byte) *corev1.Secret {
+	return render.Secret(t.tcp, kind, data)
+}
+
+type etcdSecrets struct{ ds *apiary.DataStore }
+
+func (e etcdSecrets) namespace() string                  { return e.ds.Spec.Managed.Namespace }
+func (e etcdSecrets) selector() map[string]string        { return render.EtcdLabels(e.ds) }
+func (e etcdSecrets) name(kind render.SecretKind) string { return render.EtcdSecretName(e.ds, kind) }
+func (e etcdSecrets) ownerUID() types.UID                { return e.ds.UID }
+func (e etcdSecrets) clusterName() string                { return e.ds.Name }
+func (e etcdSecrets) secret(kind render.SecretKind, data map[string][]byte) *corev1.Secret {
+	return render.EtcdSecret(e.ds, kind, data)
+}
+
+// credentials issues a set of Secrets: it keeps what is still valid and
 // (re)issues only what is missing or has a problem (expiring, wrong SANs,
-// signed by a CA that was replaced, owned by a previous tenant of the same
+// signed by a CA that was replaced, owned by a previous object of the same
 // name). Writes use Create, or Update with the read resourceVersion, so that
 // a stale cache can never overwrite a key pair with a different one.
 type credentials struct {
 	c      client.Client
-	tcp    *apiary.TenantControlPlane
+	set    secretSet
 	now    time.Time
 	byKind map[render.SecretKind]*corev1.Secret
 
@@ -40,19 +76,19 @@ type credentials struct {
 // again shortly rather than issue it twice.
 var errCacheBehind = fmt.Errorf("secret cache is behind the API server")
 
-func newCredentials(ctx context.Context, c client.Client, tcp *apiary.TenantControlPlane, now time.Time) (*credentials, error) {
+func newCredentials(ctx context.Context, c client.Client, set secretSet, now time.Time) (*credentials, error) {
 	var list corev1.SecretList
-	if err := c.List(ctx, &list, client.InNamespace(tcp.Namespace), client.MatchingLabels(render.Labels(tcp))); err != nil {
-		return nil, fmt.Errorf("listing Secrets of %s/%s: %w", tcp.Namespace, tcp.Name, err)
+	if err := c.List(ctx, &list, client.InNamespace(set.namespace()), client.MatchingLabels(set.selector())); err != nil {
+		return nil, fmt.Errorf("listing Secrets of %s: %w", set.clusterName(), err)
 	}
-	cr := &credentials{c: c, tcp: tcp, now: now,
+	cr := &credentials{c: c, set: set, now: now,
 		byKind: map[render.SecretKind]*corev1.Secret{},
 		data:   map[render.SecretKind]map[string][]byte{},
 	}
 	for i := range list.Items {
 		s := &list.Items[i]
 		kind := render.SecretKind(s.Labels[render.LabelSecret])
-		if s.Name == render.SecretName(tcp, kind) {
+		if s.Name == set.name(kind) {
 			cr.byKind[kind] = s
 		}
 	}
@@ -66,15 +102,15 @@ func (cr *credentials) existing(kind render.SecretKind) (map[string][]byte, stri
 	if s == nil {
 		return nil, "created"
 	}
-	if owner := metav1.GetControllerOf(s); owner == nil || owner.UID != cr.tcp.UID {
-		return nil, "left by a previous tenant of the same name"
+	if owner := metav1.GetControllerOf(s); owner == nil || owner.UID != cr.set.ownerUID() {
+		return nil, "left by a previous owner of the same name"
 	}
 	return s.Data, ""
 }
 
 // write creates or updates a Secret with new content.
 func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data map[string][]byte, why string) error {
-	desired := render.Secret(cr.tcp, kind, data)
+	desired := cr.set.secret(kind, data)
 	if old := cr.byKind[kind]; old == nil {
 		if err := cr.c.Create(ctx, desired); err != nil {
 			if apierrors.IsAlreadyExists(err) {
@@ -100,7 +136,7 @@ func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data m
 func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPair) {
 	cr.certs = append(cr.certs, apiary.CertificateStatus{
 		Name:     name,
-		Secret:   render.SecretName(cr.tcp, kind),
+		Secret:   cr.set.name(kind),
 		NotAfter: metav1.NewTime(kp.Cert.NotAfter.UTC()),
 	})
 }
@@ -227,7 +263,7 @@ func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, 
 	}
 	out := map[string][]byte{}
 	for _, cfg := range configs {
-		raw, err := render.Kubeconfig(cr.tcp.Name, cfg.server, caPEM, req.CommonName, kp.CertPEM(), keyPEM)
+		raw, err := render.Kubeconfig(cr.set.clusterName(), cfg.server, caPEM, req.CommonName, kp.CertPEM(), keyPEM)
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
 )
 
 // Reasons of DataStore problems found before etcd is even called.
@@ -17,10 +18,27 @@ const (
 	reasonSecretNotFound = "SecretNotFound"
 )
 
+// connection is where a DataStore's etcd answers and where its TLS material
+// is: the spec's for an external etcd, the operator's own for a managed one.
+func connection(ds *apiary.DataStore, clusterDomain string) (endpoints []string, tls apiary.DataStoreTLS) {
+	if ds.Spec.Managed == nil {
+		if ds.Spec.TLS != nil {
+			tls = *ds.Spec.TLS
+		}
+		return ds.Spec.Endpoints, tls
+	}
+	ns := ds.Spec.Managed.Namespace
+	return render.EtcdEndpoints(ds, clusterDomain), apiary.DataStoreTLS{
+		CASecretRef:     apiary.SecretReference{Namespace: ns, Name: render.EtcdSecretName(ds, render.EtcdSecretCA)},
+		ClientSecretRef: apiary.SecretReference{Namespace: ns, Name: render.EtcdSecretName(ds, render.EtcdSecretRoot)},
+	}
+}
+
 // dataStoreConfig reads the TLS material a DataStore refers to. It reads the
 // API server directly: the operator does not cache Secrets it does not own.
-func dataStoreConfig(ctx context.Context, r client.Reader, ds *apiary.DataStore) (datastore.Config, error) {
-	cfg := datastore.Config{Endpoints: ds.Spec.Endpoints}
+func dataStoreConfig(ctx context.Context, r client.Reader, ds *apiary.DataStore, clusterDomain string) (datastore.Config, error) {
+	endpoints, refs := connection(ds, clusterDomain)
+	cfg := datastore.Config{Endpoints: endpoints}
 	read := func(ref apiary.SecretReference, what string) (*corev1.Secret, error) {
 		var s corev1.Secret
 		err := r.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &s)
@@ -37,11 +55,11 @@ func dataStoreConfig(ctx context.Context, r client.Reader, ds *apiary.DataStore)
 		}
 		return &s, nil
 	}
-	ca, err := read(ds.Spec.TLS.CASecretRef, "CA")
+	ca, err := read(refs.CASecretRef, "CA")
 	if err != nil {
 		return cfg, err
 	}
-	root, err := read(ds.Spec.TLS.ClientSecretRef, "root client")
+	root, err := read(refs.ClientSecretRef, "root client")
 	if err != nil {
 		return cfg, err
 	}

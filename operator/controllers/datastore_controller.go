@@ -2,15 +2,19 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -24,6 +28,8 @@ import (
 
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/pki"
 )
 
 const (
@@ -33,8 +39,9 @@ const (
 	// tenants.
 	ConditionDeletionBlocked = "DeletionBlocked"
 
-	ReasonAvailable = "Available"
-	ReasonInUse     = "InUse"
+	ReasonAvailable    = "Available"
+	ReasonInUse        = "InUse"
+	ReasonProvisioning = "Provisioning"
 
 	// DefaultDataStoreCheckInterval is how often a DataStore's etcd is
 	// checked when nothing else happens: reachability changes emit no
@@ -51,6 +58,13 @@ type DataStoreReconciler struct {
 	DataStores *datastore.Pool
 	// CheckInterval overrides DefaultDataStoreCheckInterval.
 	CheckInterval time.Duration
+	// ClusterDomain is the management cluster's DNS domain (managed etcd
+	// member names).
+	ClusterDomain string
+	// ImageRepository replaces registry.k8s.io in the etcd image.
+	ImageRepository string
+	// Now is the clock.
+	Now func() time.Time
 
 	statuses statusMemo[apiary.DataStoreStatus]
 }
@@ -58,6 +72,8 @@ type DataStoreReconciler struct {
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the controller; tenants binding or leaving
 // re-count their DataStore.
@@ -67,6 +83,7 @@ func (r *DataStoreReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.DataStore{}).
+		Owns(&appsv1.StatefulSet{}).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			tcp := o.(*apiary.TenantControlPlane)
 			var reqs []reconcile.Request
@@ -130,35 +147,164 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		ds.Finalizers, ds.ResourceVersion = orig.Finalizers, orig.ResourceVersion
 	}
 
+	ds.Status.Endpoints, _ = connection(ds, r.ClusterDomain)
+	interval := r.CheckInterval
+	if interval == 0 {
+		interval = DefaultDataStoreCheckInterval
+	}
+	if ds.Spec.Managed != nil {
+		waiting, err := r.reconcileManaged(ctx, ds)
+		if err != nil || waiting != "" {
+			reason, msg := ReasonProvisioning, waiting
+			if err != nil {
+				reason, msg = datastore.ReasonOf(err), err.Error()
+			}
+			if errors.Is(err, errCacheBehind) {
+				err = nil
+			}
+			r.set(ds, apiary.ConditionReady, metav1.ConditionFalse, reason, msg)
+			// The StatefulSet's status changes trigger the next reconcile.
+			return ctrl.Result{RequeueAfter: interval}, errors.Join(err, r.writeStatus(ctx, &orig, ds))
+		}
+	}
+
 	checkErr := r.check(ctx, ds)
 	if checkErr != nil {
 		r.set(ds, apiary.ConditionReady, metav1.ConditionFalse, datastore.ReasonOf(checkErr), checkErr.Error())
 	} else {
 		r.set(ds, apiary.ConditionReady, metav1.ConditionTrue, ReasonAvailable,
-			fmt.Sprintf("etcd answers at %s with authentication enabled", strings.Join(ds.Spec.Endpoints, ",")))
+			fmt.Sprintf("etcd answers at %s with authentication enabled", strings.Join(ds.Status.Endpoints, ",")))
 	}
 	if err := r.writeStatus(ctx, &orig, ds); err != nil {
 		return ctrl.Result{}, err
 	}
-	interval := r.CheckInterval
-	if interval == 0 {
-		interval = DefaultDataStoreCheckInterval
-	}
 	return ctrl.Result{RequeueAfter: interval}, nil
 }
 
-func (r *DataStoreReconciler) check(ctx context.Context, ds *apiary.DataStore) error {
-	cfg, err := dataStoreConfig(ctx, r.APIReader, ds)
+func (r *DataStoreReconciler) client(ctx context.Context, ds *apiary.DataStore) (*datastore.Client, error) {
+	cfg, err := dataStoreConfig(ctx, r.APIReader, ds, r.ClusterDomain)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return r.DataStores.Get(ctx, ds.Name, cfg)
+}
+
+func (r *DataStoreReconciler) check(ctx context.Context, ds *apiary.DataStore) error {
 	callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	dc, err := r.DataStores.Get(callCtx, ds.Name, cfg)
+	dc, err := r.client(callCtx, ds)
 	if err != nil {
 		return err
 	}
 	return dc.Check(callCtx)
+}
+
+// reconcileManaged runs the etcd of a managed DataStore: its TLS material,
+// headless Service, PodDisruptionBudget and StatefulSet, then enables
+// authentication once the members answer. It returns why the DataStore is
+// not usable yet, or "".
+func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.DataStore) (string, error) {
+	cr, err := newCredentials(ctx, r.Client, etcdSecrets{ds}, r.now())
+	if err != nil {
+		return "", err
+	}
+	ca, err := cr.ca(ctx, render.EtcdSecretCA, render.EtcdCACommonName(ds))
+	if err != nil {
+		return "", err
+	}
+	for _, leaf := range []struct {
+		kind render.SecretKind
+		req  pki.Request
+	}{
+		{render.EtcdSecretServer, render.EtcdServingCertRequest(ds, r.ClusterDomain, false)},
+		{render.EtcdSecretPeer, render.EtcdServingCertRequest(ds, r.ClusterDomain, true)},
+		{render.EtcdSecretRoot, render.EtcdRootCertRequest()},
+	} {
+		if err := cr.leaf(ctx, leaf.kind, ca, leaf.req, nil); err != nil {
+			return "", err
+		}
+	}
+	if len(cr.issued) > 0 {
+		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, ReasonIssued, "IssueCredentials", "issued %s", strings.Join(cr.issued, ", "))
+	}
+	mounted := map[string]map[string][]byte{}
+	for _, kind := range []render.SecretKind{render.EtcdSecretCA, render.EtcdSecretServer, render.EtcdSecretPeer} {
+		data := cr.data[kind]
+		if kind == render.EtcdSecretCA {
+			// Members only get the CA certificate; hash only that.
+			data = map[string][]byte{render.KeyTLSCert: data[render.KeyTLSCert]}
+		}
+		mounted[string(kind)] = data
+	}
+	apply := func(obj runtime.ApplyConfiguration, what string) error {
+		if err := r.Client.Apply(ctx, obj, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying %s: %w", what, err)
+		}
+		return nil
+	}
+	if err := apply(render.EtcdService(ds), "etcd Service"); err != nil {
+		return "", err
+	}
+	if err := apply(render.EtcdPodDisruptionBudget(ds), "etcd PodDisruptionBudget"); err != nil {
+		return "", err
+	}
+	sts := render.EtcdStatefulSet(render.EtcdInputs{
+		DataStore: ds, ClusterDomain: r.ClusterDomain, ConfigHash: render.ConfigHash(mounted), ImageRepository: r.ImageRepository,
+	})
+	if err := apply(sts, "etcd StatefulSet"); err != nil {
+		return "", err
+	}
+	var ready int32
+	if sts.Status != nil && sts.Status.ReadyReplicas != nil {
+		ready = *sts.Status.ReadyReplicas
+	}
+	ds.Status.ReadyMembers = ready
+	want := ds.Spec.Managed.Replicas
+	// A quorum serves; enabling auth needs one.
+	if ready < want/2+1 {
+		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds)), nil
+	}
+	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	dc, err := r.client(callCtx, ds)
+	if err != nil {
+		return "", err
+	}
+	enabled, err := dc.EnableAuth(callCtx)
+	if err != nil {
+		return "", err
+	}
+	if enabled {
+		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, "AuthEnabled", "EnableAuth", "created etcd root user and enabled authentication")
+	}
+	return "", nil
+}
+
+// deleteManaged removes a managed etcd (its claims go with the StatefulSet)
+// and its Secrets, rather than leaving credentials to the garbage collector.
+func (r *DataStoreReconciler) deleteManaged(ctx context.Context, ds *apiary.DataStore) error {
+	ns, name := ds.Spec.Managed.Namespace, render.EtcdName(ds)
+	objs := []client.Object{
+		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+	}
+	for _, kind := range []render.SecretKind{render.EtcdSecretCA, render.EtcdSecretServer, render.EtcdSecretPeer, render.EtcdSecretRoot} {
+		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: render.EtcdSecretName(ds, kind)}})
+	}
+	for _, obj := range objs {
+		if err := deleteOwnedBy(ctx, r.APIReader, r.Client, ds.UID, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *DataStoreReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }
 
 // tenants lists the tenants bound to (or asking for) a DataStore as
@@ -188,6 +334,11 @@ func (r *DataStoreReconciler) finalize(ctx context.Context, orig, ds *apiary.Dat
 		return ctrl.Result{}, r.writeStatus(ctx, orig, ds)
 	}
 	r.DataStores.Forget(ds.Name)
+	if ds.Spec.Managed != nil {
+		if err := r.deleteManaged(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	r.statuses.forget(ds.UID)
 	if !controllerutil.ContainsFinalizer(orig, DataStoreFinalizer) {
 		return ctrl.Result{}, nil

@@ -252,7 +252,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	}
 
 	// 2. Credentials that do not depend on the endpoint.
-	cr, err := newCredentials(ctx, r.Client, tcp, r.Now())
+	cr, err := newCredentials(ctx, r.Client, tenantSecrets{tcp}, r.Now())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -301,7 +301,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	dep := render.Deployment(render.Inputs{
 		TCP:              tcp,
 		AdvertiseAddress: advertise,
-		EtcdServers:      ds.Spec.Endpoints,
+		EtcdServers:      dsCfg.Endpoints,
 		EtcdPrefix:       st.DataStore.Prefix,
 		ConfigHash:       render.ConfigHash(mounted),
 		ImageRepository:  r.ImageRepository,
@@ -425,7 +425,7 @@ func (r *TenantControlPlaneReconciler) bindDataStore(ctx context.Context, tcp *a
 		}
 		return fail(reason, fmt.Sprintf("DataStore %s is not Ready: %s", name, msg), nil)
 	}
-	cfg, err := dataStoreConfig(ctx, r.APIReader, &ds)
+	cfg, err := dataStoreConfig(ctx, r.APIReader, &ds, r.ClusterDomain)
 	if err != nil {
 		return fail(datastore.ReasonOf(err), fmt.Sprintf("DataStore %s: %v", name, err), err)
 	}
@@ -747,7 +747,7 @@ func (r *TenantControlPlaneReconciler) releaseDataStore(ctx context.Context, tcp
 		}
 		return err
 	}
-	cfg, err := dataStoreConfig(ctx, r.APIReader, &ds)
+	cfg, err := dataStoreConfig(ctx, r.APIReader, &ds, r.ClusterDomain)
 	if err != nil {
 		return err
 	}
@@ -771,14 +771,20 @@ func (r *TenantControlPlaneReconciler) releaseDataStore(ctx context.Context, tcp
 
 // deleteOwned deletes an object if it exists and belongs to this tenant.
 func (r *TenantControlPlaneReconciler) deleteOwned(ctx context.Context, tcp *apiary.TenantControlPlane, obj client.Object) error {
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+	return deleteOwnedBy(ctx, r.APIReader, r.Client, tcp.UID, obj)
+}
+
+// deleteOwnedBy deletes an object if it exists and its controller is the
+// given owner (never something of the same name that someone else made).
+func deleteOwnedBy(ctx context.Context, reader client.Reader, c client.Client, owner types.UID, obj client.Object) error {
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if owner := metav1.GetControllerOf(obj); owner == nil || owner.UID != tcp.UID {
+	if ref := metav1.GetControllerOf(obj); ref == nil || ref.UID != owner {
 		return nil
 	}
-	if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: new(types.UID(obj.GetUID()))}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting %T %s: %w", obj, obj.GetName(), err)
+	if err := c.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
 	}
 	return nil
 }

@@ -192,3 +192,49 @@ func TestConfigHashChangesWithContent(t *testing.T) {
 		t.Errorf("hash ignores content")
 	}
 }
+
+func managedFixture(replicas int32) *apiary.DataStore {
+	return &apiary.DataStore{
+		ObjectMeta: metav1.ObjectMeta{Name: "default", UID: "5e7c1d2a-0000-4000-8000-000000000002"},
+		Spec: apiary.DataStoreSpec{Managed: &apiary.ManagedEtcd{
+			Namespace: "apiary-system", Replicas: replicas, Version: "3.6.16",
+		}},
+	}
+}
+
+func TestManagedEtcdGolden(t *testing.T) {
+	in := EtcdInputs{DataStore: managedFixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210"}
+	golden(t, "etcd-statefulset", EtcdStatefulSet(in))
+	golden(t, "etcd-service", EtcdService(in.DataStore))
+	golden(t, "etcd-pdb", EtcdPodDisruptionBudget(in.DataStore))
+	dev := managedFixture(1)
+	dev.Spec.Managed.Storage.EmptyDir = true
+	golden(t, "etcd-statefulset-emptydir", EtcdStatefulSet(EtcdInputs{DataStore: dev, ClusterDomain: "cluster.local", ConfigHash: "0"}))
+}
+
+func TestManagedEtcdNames(t *testing.T) {
+	ds := managedFixture(3)
+	eps := EtcdEndpoints(ds, "cluster.local")
+	want := []string{
+		"https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2379",
+		"https://default-etcd-1.default-etcd.apiary-system.svc.cluster.local:2379",
+		"https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2379",
+	}
+	if !slices.Equal(eps, want) {
+		t.Errorf("endpoints %v", eps)
+	}
+	// Every member's name is covered by the serving certificate.
+	req := EtcdServingCertRequest(ds, "cluster.local", true)
+	if !slices.Contains(req.DNSNames, "*.default-etcd.apiary-system.svc.cluster.local") {
+		t.Errorf("SANs %v", req.DNSNames)
+	}
+	args := EtcdArgs(EtcdInputs{DataStore: ds, ClusterDomain: "cluster.local"})
+	for _, a := range []string{
+		"--initial-cluster=default-etcd-0=https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-1=https://default-etcd-1.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-2=https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2380",
+		"--client-cert-auth=true", "--peer-client-cert-auth=true", "--auto-compaction-mode=periodic",
+	} {
+		if !slices.Contains(args, a) {
+			t.Errorf("missing %s in %v", a, args)
+		}
+	}
+}

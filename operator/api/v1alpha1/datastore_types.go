@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -26,14 +28,71 @@ type DataStoreTLS struct {
 	ClientSecretRef SecretReference `json:"clientSecretRef"`
 }
 
-// DataStoreSpec describes a shared etcd that stores tenant control planes.
+// ManagedEtcdStorage is where the members of a managed etcd keep their data.
+type ManagedEtcdStorage struct {
+	// Size of each member's PersistentVolumeClaim.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+	// StorageClassName of the claims; empty uses the cluster's default class.
+	// +optional
+	StorageClassName *string `json:"storageClassName,omitempty"`
+	// EmptyDir keeps the data in an emptyDir instead of a claim, for
+	// clusters without a storage provisioner (development only: a member
+	// whose pod is deleted loses its data, and a single member loses every
+	// tenant's state).
+	// +optional
+	EmptyDir bool `json:"emptyDir,omitempty"`
+}
+
+// ManagedEtcd asks the operator to run the etcd of this DataStore.
+type ManagedEtcd struct {
+	// Replicas is the number of etcd members (an odd number for quorum).
+	// Changing it later is not supported yet.
+	// +kubebuilder:validation:Enum=1;3;5;7
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.managed.replicas cannot be changed yet: scaling a managed etcd is not supported"
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// Version of etcd (image registry.k8s.io/etcd:<version>-0).
+	// +kubebuilder:validation:Pattern=`^3\.[0-9]+\.[0-9]+$`
+	// +kubebuilder:default="3.6.16"
+	// +optional
+	Version string `json:"version,omitempty"`
+	// Namespace the etcd members and their Secrets live in (the Helm chart
+	// sets its own namespace).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.managed.namespace is immutable: the members' data lives there"
+	Namespace string `json:"namespace"`
+	// Storage of each member.
+	// +optional
+	Storage ManagedEtcdStorage `json:"storage,omitempty"`
+	// Resources of each member's container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// DataStoreSpec describes a shared etcd that stores tenant control planes:
+// either an existing one (endpoints and tls) or one the operator runs
+// (managed).
+// +kubebuilder:validation:XValidation:rule="has(self.managed) != (has(self.endpoints) || has(self.tls))",message="set either managed, or endpoints and tls, not both"
+// +kubebuilder:validation:XValidation:rule="has(self.managed) || (has(self.endpoints) && has(self.tls))",message="an external DataStore needs both endpoints and tls"
+// +kubebuilder:validation:XValidation:rule="has(self.managed) == has(oldSelf.managed)",message="a DataStore cannot switch between managed and external"
 type DataStoreSpec struct {
-	// Endpoints are the etcd client URLs (https://host:port).
+	// Endpoints are the etcd client URLs (https://host:port) of an external
+	// etcd.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:items:Pattern=`^https://`
-	Endpoints []string `json:"endpoints"`
-	// TLS is the material used to reach etcd and to issue tenant credentials.
-	TLS DataStoreTLS `json:"tls"`
+	// +optional
+	Endpoints []string `json:"endpoints,omitempty"`
+	// TLS is the material used to reach an external etcd and to issue tenant
+	// credentials.
+	// +optional
+	TLS *DataStoreTLS `json:"tls,omitempty"`
+	// Managed makes the operator run etcd for this DataStore: a StatefulSet
+	// with peer and client TLS, authentication enabled, a headless Service
+	// and a PodDisruptionBudget, compacting itself.
+	// +optional
+	Managed *ManagedEtcd `json:"managed,omitempty"`
 }
 
 // DataStoreStatus is the observed state of a DataStore.
@@ -54,6 +113,12 @@ type DataStoreStatus struct {
 	// +listType=set
 	// +optional
 	UsedBy []string `json:"usedBy,omitempty"`
+	// Endpoints in use: the spec's, or those of the managed members.
+	// +optional
+	Endpoints []string `json:"endpoints,omitempty"`
+	// ReadyMembers is the number of ready members of a managed etcd.
+	// +optional
+	ReadyMembers int32 `json:"readyMembers,omitempty"`
 }
 
 // DataStore is a shared etcd on which tenant control planes store their
@@ -64,6 +129,7 @@ type DataStoreStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Tenants",type=integer,JSONPath=`.status.tenants`
+// +kubebuilder:printcolumn:name="Managed",type=integer,JSONPath=`.spec.managed.replicas`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type DataStore struct {
 	metav1.TypeMeta   `json:",inline"`
