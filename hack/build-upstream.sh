@@ -2,47 +2,171 @@
 # Builds the upstream binaries Apiary's tests and images run, from source
 # through the Go module proxy (nothing is downloaded from release sites).
 #
-#   hack/build-upstream.sh [BIN...]     default: kube-apiserver kubectl etcd etcdctl
+#   hack/build-upstream.sh [NAME...]   default: kube-apiserver kubectl etcd etcdctl
+#   hack/build-upstream.sh all         every binary below
+#   hack/build-upstream.sh --list      print "name path" of every binary (builds nothing)
 #
-# Output: $APIARY_CACHE/bin/<version>/<bin> (APIARY_CACHE defaults to
-# ~/.cache/apiary). A binary already there is not rebuilt. Binaries are static
-# (CGO_ENABLED=0) so that the same files fit scratch images later, and the
-# Kubernetes ones are version-stamped (else they report v0.0.0 and kubectl
-# version fails to parse the server version).
+# A NAME is a component (builds all of its binaries) or a single binary:
+#   component     output dir ($APIARY_CACHE/bin/...)  binaries              tools module
+#   kubernetes    kubernetes-v1.37.2    kube-apiserver kube-controller-manager kube-scheduler
+#                                       kube-proxy kubelet kubeadm kubectl      hack/tools
+#   etcd          etcd-v3.6.16          etcd etcdctl                            hack/tools/etcd
+#   containerd    containerd-v2.4.2     containerd containerd-shim-runc-v2 ctr  hack/tools/containerd
+#   cni           cni-v1.10.0           bridge host-local loopback portmap firewall  hack/tools/cni
+#   coredns       coredns-v1.15.0       coredns                                 hack/tools/coredns
+#   metallb       metallb-v0.16.2       controller                              hack/tools/metallb
+#   registry      registry-v3.1.2       registry                                hack/tools/registry
+#   helm          helm-v3.22.0          helm                                    hack/tools/helm
+#   konnectivity  konnectivity-v0.36.0  proxy-server proxy-agent                hack/tools/konnectivity
+#
+# Output: $APIARY_CACHE/bin/<component>-<version>/<bin> (APIARY_CACHE defaults
+# to ~/.cache/apiary). A binary already there is not rebuilt (delete it to
+# rebuild). Every binary is static (CGO_ENABLED=0, checked after the build) so
+# that the same files fit scratch images, and is version-stamped where the
+# upstream Makefile stamps it (else e.g. Kubernetes reports v0.0.0 and kubectl
+# version fails to parse the server version). Versions come from the tools
+# modules' go.mod; KUBE_VERSION/ETCD_VERSION/... may be set but must agree.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
-ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 cache=${APIARY_CACHE:-$HOME/.cache/apiary}
-export CGO_ENABLED=0 GOFLAGS=-mod=mod
+export CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
 
-bins=("$@")
-[ ${#bins[@]} -gt 0 ] || bins=(kube-apiserver kubectl etcd etcdctl)
+# modver DIR MODULE: the version of MODULE that the tools module in DIR requires.
+modver() {
+  local v
+  v=$(awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) && $0 !~ /=>/ { print ($1 == m ? $2 : $3); exit }' "$1/go.mod")
+  [ -n "$v" ] || { echo "$1/go.mod does not require $2" >&2; exit 2; }
+  echo "$v"
+}
+# pin VAR DIR MODULE [STRIP]: sets VAR to the version from go.mod; an
+# environment override must agree with it (else the cache dir would lie).
+pin() {
+  local var=$1 v
+  v=$(modver "$2" "$3")
+  v=${v#"${4:-}"}
+  if [ -n "${!var:-}" ] && [ "${!var}" != "$v" ]; then
+    echo "$var=${!var} but $2/go.mod pins $3 $v: change the tools module instead" >&2; exit 2
+  fi
+  printf -v "$var" %s "$v"
+}
+pin KUBE_VERSION "$here/tools" k8s.io/kubernetes
+pin ETCD_VERSION "$here/tools/etcd" go.etcd.io/etcd/server/v3
+pin CONTAINERD_VERSION "$here/tools/containerd" github.com/containerd/containerd/v2
+pin CNI_VERSION "$here/tools/cni" github.com/containernetworking/plugins
+pin COREDNS_VERSION "$here/tools/coredns" github.com/coredns/coredns
+pin METALLB_VERSION "$here/tools/metallb" go.universe.tf/metallb
+pin REGISTRY_VERSION "$here/tools/registry" github.com/distribution/distribution/v3
+pin HELM_VERSION "$here/tools/helm" helm.sh/helm/v3
+pin KONNECTIVITY_VERSION "$here/tools/konnectivity" sigs.k8s.io/apiserver-network-proxy
 
 major=${KUBE_VERSION#v}; major=${major%%.*}
 minor=${KUBE_VERSION#v*.}; minor=${minor%%.*}
-stamp=""
+kube_stamp=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  stamp+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  kube_stamp+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+cd_pkg=github.com/containerd/containerd/v2
+containerd_stamp="-X $cd_pkg/version.Version=$CONTAINERD_VERSION -X $cd_pkg/version.Package=github.com/containerd/containerd/v2"
+cni_stamp="-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_VERSION"
+reg_pkg=github.com/distribution/distribution/v3
+registry_stamp="-X $reg_pkg/version.version=$REGISTRY_VERSION -X $reg_pkg/version.mainpkg=$reg_pkg"
+# helm's Makefile also stamps the Kubernetes version it assumes when no
+# cluster is asked (helm template's .Capabilities.KubeVersion): without it
+# that is v1.20.0, which fails charts with a kubeVersion constraint.
+helm_kube=$(modver "$here/tools/helm" k8s.io/client-go); helm_kube=${helm_kube#v0.}; helm_kube=${helm_kube%%.*}
+helm_stamp="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  helm_stamp+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$helm_kube"
 done
 
-build() { # name dir pkg outdir ldflags
-  local name=$1 dir=$2 pkg=$3 out=$4/$1 ldflags=$5
-  if [ -x "$out" ]; then return 0; fi
-  mkdir -p "$4"
+# name|component dir (under $cache/bin)|tools module|package|tags|ldflags|output name
+kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubeadm kubectl)
+cni_bins=(bridge host-local loopback portmap firewall)
+declare -A spec
+for b in "${kube_bins[@]}"; do
+  spec[$b]="kubernetes-$KUBE_VERSION|$here/tools|k8s.io/kubernetes/cmd/$b||$kube_stamp"
+done
+spec[etcd]="etcd-$ETCD_VERSION|$here/tools/etcd|go.etcd.io/etcd/server/v3||"
+spec[etcdctl]="etcd-$ETCD_VERSION|$here/tools/etcd|go.etcd.io/etcd/etcdctl/v3||"
+cd_tags="no_btrfs no_devmapper no_zfs"
+for b in containerd containerd-shim-runc-v2 ctr; do
+  spec[$b]="containerd-$CONTAINERD_VERSION|$here/tools/containerd|$cd_pkg/cmd/$b|$cd_tags|$containerd_stamp"
+done
+cni_pkg=github.com/containernetworking/plugins/plugins
+spec[bridge]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/main/bridge||$cni_stamp"
+spec[loopback]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/main/loopback||$cni_stamp"
+spec[host-local]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/ipam/host-local||$cni_stamp"
+spec[portmap]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/meta/portmap||$cni_stamp"
+spec[firewall]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/meta/firewall||$cni_stamp"
+spec[coredns]="coredns-$COREDNS_VERSION|$here/tools/coredns|github.com/coredns/coredns||"
+spec[controller]="metallb-$METALLB_VERSION|$here/tools/metallb|go.universe.tf/metallb/controller||"
+spec[registry]="registry-$REGISTRY_VERSION|$here/tools/registry|$reg_pkg/cmd/registry||$registry_stamp"
+spec[helm]="helm-$HELM_VERSION|$here/tools/helm|helm.sh/helm/v3/cmd/helm||$helm_stamp"
+spec[proxy-server]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|sigs.k8s.io/apiserver-network-proxy/cmd/server||"
+spec[proxy-agent]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|sigs.k8s.io/apiserver-network-proxy/cmd/agent||"
+
+declare -A groups=(
+  [kubernetes]="${kube_bins[*]}"
+  [etcd]="etcd etcdctl"
+  [containerd]="containerd containerd-shim-runc-v2 ctr"
+  [cni]="${cni_bins[*]}"
+  [coredns]=coredns
+  [metallb]=controller
+  [registry]=registry
+  [helm]=helm
+  [konnectivity]="proxy-server proxy-agent"
+)
+order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity)
+
+path_of() { local s=${spec[$1]}; echo "$cache/bin/${s%%|*}/$1"; }
+
+build() { # name
+  local name=$1 comp dir pkg tags ldflags out
+  IFS='|' read -r comp dir pkg tags ldflags <<<"${spec[$name]}"
+  out=$cache/bin/$comp/$name
+  if [ -x "$out" ]; then echo "cached $name ($out)" >&2; return 0; fi
+  mkdir -p "$(dirname "$out")"
   echo "building $name ($pkg) into $out" >&2
-  local start=$SECONDS
-  (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
+  local start=$SECONDS env=()
+  # Its go.sum lines are already there; the checksum database refuses the
+  # versions that aren't the newest, so never ask it about this module.
+  [ "$comp" != "konnectivity-$KONNECTIVITY_VERSION" ] || env=(GONOSUMDB=sigs.k8s.io/apiserver-network-proxy)
+  (cd "$dir" && env "${env[@]}" go build -trimpath ${tags:+-tags "$tags"} -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
+  if ! go version -m "$out.tmp" | grep -q 'CGO_ENABLED=0'; then
+    echo "$name: not a static (CGO_ENABLED=0) build" >&2; rm -f "$out.tmp"; exit 1
+  fi
   mv "$out.tmp" "$out"
   echo "built $name in $((SECONDS - start))s" >&2
+  built+=("$name:$((SECONDS - start))s")
 }
 
-for b in "${bins[@]}"; do
-  case $b in
-    etcd)    build etcd "$here/tools/etcd" go.etcd.io/etcd/server/v3 "$cache/bin/etcd-$ETCD_VERSION" "" ;;
-    etcdctl) build etcdctl "$here/tools/etcd" go.etcd.io/etcd/etcdctl/v3 "$cache/bin/etcd-$ETCD_VERSION" "" ;;
-    kube-apiserver|kube-controller-manager|kube-scheduler|kube-proxy|kubelet|kubeadm|kubectl)
-             build "$b" "$here/tools" "k8s.io/kubernetes/cmd/$b" "$cache/bin/kubernetes-$KUBE_VERSION" "$stamp" ;;
-    *) echo "unknown binary $b" >&2; exit 2 ;;
-  esac
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(kube-apiserver kubectl etcd etcdctl)
+if [ "${names[0]}" = --list ]; then
+  for g in "${order[@]}"; do for b in ${groups[$g]}; do echo "$b $(path_of "$b")"; done; done
+  exit 0
+fi
+want=()
+for n in "${names[@]}"; do
+  if [ "$n" = all ]; then
+    for g in "${order[@]}"; do want+=(${groups[$g]}); done
+  elif [ -n "${groups[$n]:-}" ]; then
+    want+=(${groups[$n]})
+  elif [ -n "${spec[$n]:-}" ]; then
+    want+=("$n")
+  else
+    echo "unknown name $n; components: all ${order[*]}; binaries: ${!spec[*]}" >&2; exit 2
+  fi
 done
+
+built=()
+total=$SECONDS
+declare -A done_
+for b in "${want[@]}"; do
+  [ -z "${done_[$b]:-}" ] || continue
+  done_[$b]=1
+  build "$b"
+done
+if [ ${#built[@]} -gt 0 ]; then
+  echo "built ${#built[@]} binaries in $((SECONDS - total))s: ${built[*]}" >&2
+fi

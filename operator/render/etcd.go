@@ -306,7 +306,8 @@ func EtcdStatefulSet(in EtcdInputs) *appsv1ac.StatefulSetApplyConfiguration {
 		if m.Storage.Size != nil {
 			size = *m.Storage.Size
 		}
-		pvc := corev1ac.PersistentVolumeClaim("data", "").
+		pvc := (&corev1ac.PersistentVolumeClaimApplyConfiguration{}).
+			WithName("data").
 			WithSpec(corev1ac.PersistentVolumeClaimSpec().
 				WithAccessModes(corev1.ReadWriteOnce).
 				WithResources(corev1ac.VolumeResourceRequirements().WithRequests(corev1.ResourceList{corev1.ResourceStorage: size})))
