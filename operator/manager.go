@@ -5,6 +5,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -25,6 +26,7 @@ import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/webhookcerts"
 	"github.com/apiaryhq/apiary/operator/webhooks"
 )
 
@@ -39,6 +41,14 @@ type Options struct {
 	WebhookHost             string
 	WebhookPort             int
 	WebhookCertDir          string
+	// WebhookCertSecret ("namespace/name") makes the operator issue and
+	// renew its webhook serving certificate itself, kept in that Secret,
+	// for WebhookService ("namespace/name"), and inject its CA into
+	// WebhookConfigurations. Empty: the files in WebhookCertDir come from
+	// elsewhere (cert-manager).
+	WebhookCertSecret       string
+	WebhookService          string
+	WebhookConfigurations   []string
 	ImageRepository         string
 	ClusterDomain           string
 	MaxConcurrentReconciles int
@@ -143,6 +153,25 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up TenantControlPlane controller: %w", err)
 	}
+	if opts.Webhooks && opts.WebhookCertSecret != "" {
+		certs, err := webhookCertManager(cfg, scheme, opts)
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		// The webhook server must start with files: issue before returning.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err = retry(ctx, certs.Ensure)
+		cancel()
+		if err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("preparing the webhook serving certificate: %w", err)
+		}
+		if err := mgr.Add(certs); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+	}
 	if opts.Webhooks {
 		if err := (webhooks.TenantControlPlane{}).Setup(mgr); err != nil {
 			pool.Close()
@@ -178,4 +207,45 @@ func resync(d time.Duration) *time.Duration {
 		return nil
 	}
 	return &d
+}
+
+func webhookCertManager(cfg *rest.Config, scheme *runtime.Scheme, opts Options) (*webhookcerts.Manager, error) {
+	secretNS, secretName, ok := strings.Cut(opts.WebhookCertSecret, "/")
+	svcNS, svcName, ok2 := strings.Cut(opts.WebhookService, "/")
+	if !ok || !ok2 || secretName == "" || svcName == "" {
+		return nil, fmt.Errorf("--webhook-cert-secret and --webhook-service must both be namespace/name (got %q, %q)", opts.WebhookCertSecret, opts.WebhookService)
+	}
+	if opts.WebhookCertDir == "" {
+		return nil, fmt.Errorf("--webhook-cert-dir is required with --webhook-cert-secret")
+	}
+	// Uncached: it runs before the manager's caches start.
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	return &webhookcerts.Manager{Client: c, Options: webhookcerts.Options{
+		SecretNamespace: secretNS, SecretName: secretName,
+		ServiceNamespace: svcNS, ServiceName: svcName,
+		ClusterDomain:  opts.ClusterDomain,
+		CertDir:        opts.WebhookCertDir,
+		Configurations: opts.WebhookConfigurations,
+	}}, nil
+}
+
+// retry calls f until it succeeds or ctx ends, backing off up to 5 s: the
+// API server may not answer yet when the operator pod starts.
+func retry(ctx context.Context, f func(context.Context) error) error {
+	delay := 200 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
 }
