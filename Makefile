@@ -27,11 +27,11 @@ build: ## Build the apiary binary into bin/.
 generate: ## Regenerate deepcopy, CRDs, RBAC and webhook manifests.
 	$(CONTROLLER_GEN) object paths=./operator/api/...
 	$(CONTROLLER_GEN) crd paths=./operator/api/... output:crd:artifacts:config=charts/apiary/crds
-	$(CONTROLLER_GEN) rbac:roleName=apiary-operator paths=./operator/... output:rbac:artifacts:config=operator/config/rbac
-	$(CONTROLLER_GEN) webhook paths=./operator/... output:webhook:artifacts:config=operator/config/webhook
+	$(CONTROLLER_GEN) rbac:roleName=apiary-operator paths=./operator/... output:rbac:artifacts:config=charts/apiary/files/rbac
+	$(CONTROLLER_GEN) webhook paths=./operator/... output:webhook:artifacts:config=charts/apiary/files/webhook
 
 verify-generated: generate ## Fail when generated files are out of date.
-	@git diff --exit-code -- operator/api charts/apiary/crds operator/config || \
+	@git diff --exit-code -- operator/api charts/apiary/crds charts/apiary/files || \
 	  { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
 
 fmt-check:

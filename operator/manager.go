@@ -85,9 +85,6 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
-// Leader election uses a Lease in the operator's own namespace only.
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=apiary-system
-
 // NewManager builds a manager with Apiary's controllers and webhooks. The
 // returned cleanup closes datastore connections.
 func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {

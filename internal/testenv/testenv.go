@@ -19,6 +19,7 @@ import (
 const (
 	KubeVersion = "v1.37.2"
 	EtcdVersion = "v3.6.16"
+	HelmVersion = "v3.22.0"
 )
 
 func cacheDir() string {
@@ -46,6 +47,17 @@ func EtcdBinary(name string) (string, error) {
 		dir = filepath.Join(cacheDir(), "bin", "etcd-"+EtcdVersion)
 	}
 	return existing(filepath.Join(dir, name))
+}
+
+// HelmBinary is the from-source helm.
+func HelmBinary() (string, error) {
+	return CacheBinary("helm-"+HelmVersion, "helm")
+}
+
+// CacheBinary returns a binary that hack/build-upstream.sh built into
+// $APIARY_CACHE/bin/<dir>/<name>.
+func CacheBinary(dir, name string) (string, error) {
+	return existing(filepath.Join(cacheDir(), "bin", dir, name))
 }
 
 func existing(path string) (string, error) {
@@ -129,7 +141,7 @@ func New(opts Options) (*Env, error) {
 	}
 	if opts.Webhooks {
 		env.WebhookInstallOptions = envtest.WebhookInstallOptions{
-			Paths: []string{filepath.Join(root, "operator", "config", "webhook")},
+			Paths: []string{filepath.Join(root, "charts", "apiary", "files", "webhook")},
 		}
 	}
 	cfg, err := env.Start()

@@ -1,0 +1,30 @@
+{{- define "apiary.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "apiary.labels" -}}
+app.kubernetes.io/name: apiary
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "apiary.selectorLabels" -}}
+app.kubernetes.io/name: apiary
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "apiary.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "apiary.webhookService" -}}{{ include "apiary.fullname" . }}-webhook{{- end -}}
+{{- define "apiary.webhookSecret" -}}{{ include "apiary.fullname" . }}-webhook-cert{{- end -}}
+{{- define "apiary.mutatingName" -}}{{ include "apiary.fullname" . }}-mutating{{- end -}}
+{{- define "apiary.validatingName" -}}{{ include "apiary.fullname" . }}-validating{{- end -}}

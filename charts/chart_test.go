@@ -1,0 +1,107 @@
+//go:build integration
+
+// Package charts_test lints the Helm chart and pins what it renders with
+// golden files, using helm built from source (make tools).
+package charts_test
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/apiaryhq/apiary/internal/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := testenv.HelmBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	// No user configuration or cache leaks into the test.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errOut.String())
+	}
+	return out.String()
+}
+
+func TestHelmLint(t *testing.T) {
+	for _, set := range [][]string{nil, {"--set", "webhook.certManager.enabled=true"}, {"--set", "defaultDataStore.create=false,metrics.enabled=false"}} {
+		out := helm(t, append([]string{"lint", "--strict", "apiary"}, set...)...)
+		if !strings.Contains(out, "0 chart(s) failed") {
+			t.Errorf("helm lint %v:\n%s", set, out)
+		}
+	}
+}
+
+func TestHelmTemplateGolden(t *testing.T) {
+	for name, set := range map[string][]string{
+		"default":      nil,
+		"cert-manager": {"--set", "webhook.certManager.enabled=true"},
+		"dev":          {"--set", "replicaCount=1,defaultDataStore.managed.storage.emptyDir=true,operator.imageRepository=mirror.example.com/k8s"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := helm(t, append([]string{"template", "apiary", "apiary", "--namespace", "apiary-system"}, set...)...)
+			// Every document parses.
+			for _, doc := range strings.Split(got, "\n---\n") {
+				var v map[string]any
+				if err := yaml.Unmarshal([]byte(doc), &v); err != nil {
+					t.Fatalf("invalid YAML in rendered chart: %v\n%s", err, doc)
+				}
+			}
+			path := filepath.Join("testdata", "apiary-"+name+".golden.yaml")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("reading %s (run go test -tags integration ./charts -update): %v", path, err)
+			}
+			if got != string(want) {
+				t.Errorf("rendered chart differs from %s; run go test -tags integration ./charts -update if intended", path)
+			}
+		})
+	}
+}
+
+// The chart's ClusterRole carries exactly the generated rules.
+func TestHelmRBACMatchesGenerated(t *testing.T) {
+	got := helm(t, "template", "apiary", "apiary", "--namespace", "apiary-system", "--show-only", "templates/rbac.yaml")
+	var rendered struct {
+		Rules []map[string]any `json:"rules"`
+	}
+	first := strings.Split(got, "\n---\n")[0]
+	if err := yaml.Unmarshal([]byte(first), &rendered); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join("apiary", "files", "rbac", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generated struct {
+		Rules []map[string]any `json:"rules"`
+	}
+	if err := yaml.Unmarshal(raw, &generated); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := yaml.Marshal(rendered.Rules)
+	b, _ := yaml.Marshal(generated.Rules)
+	if len(generated.Rules) == 0 || !bytes.Equal(a, b) {
+		t.Errorf("chart ClusterRole rules differ from files/rbac/role.yaml:\n%s\nvs\n%s", a, b)
+	}
+}
