@@ -14,7 +14,7 @@
 #   containerd    containerd-v2.4.2     containerd containerd-shim-runc-v2 ctr  hack/tools/containerd
 #   cni           cni-v1.10.0           bridge host-local loopback portmap firewall  hack/tools/cni
 #   coredns       coredns-v1.15.0       coredns                                 hack/tools/coredns
-#   metallb       metallb-v0.16.2       controller                              hack/tools/metallb
+#   metallb       metallb-v0.16.2       controller                              hack/tools/metallb (+ patch, see metallb_modfile)
 #   registry      registry-v3.1.2       registry                                hack/tools/registry
 #   helm          helm-v3.22.0          helm                                    hack/tools/helm
 #   konnectivity  konnectivity-v0.36.0  proxy-server proxy-agent                hack/tools/konnectivity
@@ -26,6 +26,8 @@
 # upstream Makefile stamps it (else e.g. Kubernetes reports v0.0.0 and kubectl
 # version fails to parse the server version). Versions come from the tools
 # modules' go.mod; KUBE_VERSION/ETCD_VERSION/... may be set but must agree.
+# Each build prints its time; several binaries of one tools module share
+# compiled packages (the Go build cache), so the first one takes the longest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${APIARY_CACHE:-$HOME/.cache/apiary}
@@ -38,12 +40,11 @@ modver() {
   [ -n "$v" ] || { echo "$1/go.mod does not require $2" >&2; exit 2; }
   echo "$v"
 }
-# pin VAR DIR MODULE [STRIP]: sets VAR to the version from go.mod; an
-# environment override must agree with it (else the cache dir would lie).
+# pin VAR DIR MODULE: sets VAR to the version from go.mod; an environment
+# override must agree with it (else the cache dir would lie).
 pin() {
   local var=$1 v
   v=$(modver "$2" "$3")
-  v=${v#"${4:-}"}
   if [ -n "${!var:-}" ] && [ "${!var}" != "$v" ]; then
     echo "$var=${!var} but $2/go.mod pins $3 $v: change the tools module instead" >&2; exit 2
   fi
@@ -79,7 +80,7 @@ for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   helm_stamp+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$helm_kube"
 done
 
-# name|component dir (under $cache/bin)|tools module|package|tags|ldflags|output name
+# spec[binary]="output dir under $cache/bin|tools module dir|package|build tags|ldflags"
 kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubeadm kubectl)
 cni_bins=(bridge host-local loopback portmap firewall)
 declare -A spec
@@ -118,6 +119,63 @@ declare -A groups=(
 )
 order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity)
 
+# metallb_modfile prepares a `go build -modfile` for the MetalLB controller and
+# prints its path. MetalLB v0.16.2 requires github.com/metallb/frr-k8s
+# v0.0.27, which the module proxy does not serve; hack/tools/metallb replaces
+# it with v0.0.21, whose API lacks what metallb's frr-k8s BGP backend writes:
+# Advertise.PrefixesWithAsPathPrepend and the type AsPathPrependPrefixes.
+# This makes, in the cache (nothing is copied into this repo), a copy of
+# v0.0.21's api/v1beta1 from the module cache with both added, and a copy of
+# the tools module's go.mod/go.sum that replaces frr-k8s with it. (go build
+# -overlay cannot patch files in the module cache.) The controller only
+# allocates addresses and never runs that backend (the speaker would), so
+# this only has to compile.
+metallb_modfile() {
+  local src dir=$cache/patched/metallb-$METALLB_VERSION dst
+  dst=$dir/frr-k8s
+  src=$(cd "$here/tools/metallb" && go list -m -f '{{with .Replace}}{{.Dir}}{{else}}{{.Dir}}{{end}}' github.com/metallb/frr-k8s)
+  [ -d "$src/api/v1beta1" ] || { echo "metallb: no frr-k8s source in the module cache ($src)" >&2; return 1; }
+  rm -rf "$dir"
+  mkdir -p "$dst/api/v1beta1"
+  cp "$src/go.mod" "$src/LICENSE" "$dst/"
+  local f
+  for f in "$src"/api/v1beta1/*.go; do
+    case $f in *_test.go) ;; *) cp "$f" "$dst/api/v1beta1/" ;; esac
+  done
+  chmod -R u+w "$dst"
+  if ! grep -q 'AsPathPrependPrefixes' "$dst"/api/v1beta1/*.go; then
+    local types=$dst/api/v1beta1/frrconfiguration_types.go
+    awk '/^type Advertise struct/ { in_adv = 1 }
+         in_adv && /^}/ {
+           print "\n\t// PrefixesWithAsPathPrepend: prefixes advertised with an AS path prepend (added for metallb v0.16.2)."
+           print "\t// +optional"
+           print "\tPrefixesWithAsPathPrepend []AsPathPrependPrefixes `json:\"withAsPathPrepend,omitempty\"`"
+           in_adv = 0
+         }
+         { print }' "$src/api/v1beta1/frrconfiguration_types.go" >"$types"
+    grep -q PrefixesWithAsPathPrepend "$types" || { echo "metallb: no Advertise struct in $src/api/v1beta1" >&2; return 1; }
+    cat >"$dst/api/v1beta1/zz_apiary_aspathprepend.go" <<'EOF2'
+// Added by Apiary's hack/build-upstream.sh: the part of frr-k8s v0.0.27's API
+// that metallb v0.16.2 uses and v0.0.21 lacks.
+
+package v1beta1
+
+// AsPathPrependPrefixes is a list of prefixes advertised with an AS path
+// prepended AsPathPrepend times.
+type AsPathPrependPrefixes struct {
+	Prefixes      []string `json:"prefixes,omitempty"`
+	AsPathPrepend uint8    `json:"asPathPrepend,omitempty"`
+}
+EOF2
+  fi
+  sed "s#^replace github.com/metallb/frr-k8s => .*#replace github.com/metallb/frr-k8s => $dst#" \
+    "$here/tools/metallb/go.mod" >"$dir/go.mod"
+  grep -q "^replace github.com/metallb/frr-k8s => $dst\$" "$dir/go.mod" ||
+    { echo "metallb: hack/tools/metallb/go.mod has no replace of github.com/metallb/frr-k8s" >&2; return 1; }
+  cp "$here/tools/metallb/go.sum" "$dir/go.sum"
+  echo "$dir/go.mod"
+}
+
 path_of() { local s=${spec[$1]}; echo "$cache/bin/${s%%|*}/$1"; }
 
 build() { # name
@@ -131,11 +189,18 @@ build() { # name
   # Its go.sum lines are already there; the checksum database refuses the
   # versions that aren't the newest, so never ask it about this module.
   [ "$comp" != "konnectivity-$KONNECTIVITY_VERSION" ] || env=(GONOSUMDB=sigs.k8s.io/apiserver-network-proxy)
-  (cd "$dir" && env "${env[@]}" go build -trimpath ${tags:+-tags "$tags"} -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
-  if ! go version -m "$out.tmp" | grep -q 'CGO_ENABLED=0'; then
-    echo "$name: not a static (CGO_ENABLED=0) build" >&2; rm -f "$out.tmp"; exit 1
+  # A temporary name of our own: two builds of the same binary at once
+  # (parallel sessions) must not write one file.
+  local tmp="$out.tmp.$$"
+  trap "rm -f -- '$tmp'" EXIT
+  local extra=() modfile
+  if [ "$name" = controller ]; then modfile=$(metallb_modfile) || exit 1; extra=(-modfile "$modfile"); fi
+  (cd "$dir" && env "${env[@]}" go build -trimpath ${tags:+-tags "$tags"} "${extra[@]}" -ldflags "-s -w $ldflags" -o "$tmp" "$pkg")
+  if ! go version -m "$tmp" | grep -q 'CGO_ENABLED=0'; then
+    echo "$name: not a static (CGO_ENABLED=0) build" >&2; exit 1
   fi
-  mv "$out.tmp" "$out"
+  mv -f "$tmp" "$out"
+  trap - EXIT
   echo "built $name in $((SECONDS - start))s" >&2
   built+=("$name:$((SECONDS - start))s")
 }

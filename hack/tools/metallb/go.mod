@@ -2,6 +2,11 @@ module github.com/apiaryhq/apiary/hack/tools/metallb
 
 go 1.26.0
 
+// metallb v0.16.2 requires frr-k8s v0.0.27, which the module proxy does not
+// serve. v0.0.21 lacks two API names metallb uses (AsPathPrependPrefixes and
+// Advertise.PrefixesWithAsPathPrepend): hack/build-upstream.sh adds them to a
+// copy of v0.0.21 in the cache and builds with -modfile; a plain go build of
+// this module does not compile.
 replace github.com/metallb/frr-k8s => github.com/metallb/frr-k8s v0.0.21
 
 tool go.universe.tf/metallb/controller
