@@ -44,14 +44,15 @@ type Options struct {
 	// WebhookCertSecret ("namespace/name") makes the operator issue and
 	// renew its webhook serving certificate itself, kept in that Secret,
 	// for WebhookService ("namespace/name"), and inject its CA into
-	// WebhookConfigurations. Empty: the files in WebhookCertDir come from
-	// elsewhere (cert-manager).
-	WebhookCertSecret       string
-	WebhookService          string
-	WebhookConfigurations   []string
-	ImageRepository         string
-	ClusterDomain           string
-	MaxConcurrentReconciles int
+	// the named webhook configurations. Empty: the files in WebhookCertDir
+	// come from elsewhere (cert-manager).
+	WebhookCertSecret              string
+	WebhookService                 string
+	WebhookMutatingConfiguration   string
+	WebhookValidatingConfiguration string
+	ImageRepository                string
+	ClusterDomain                  string
+	MaxConcurrentReconciles        int
 	// ResyncPeriod re-reconciles every object this often even without
 	// changes (0: controller-runtime's default of about 10 hours).
 	ResyncPeriod time.Duration
@@ -158,7 +159,9 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		}
 		// The webhook server must start with files: issue before returning.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err = retry(ctx, certs.Ensure)
+		err = retry(ctx, certs.Ensure, func(err error) {
+			ctrl.Log.WithName("webhook-certs").Error(err, "preparing the webhook serving certificate; retrying")
+		})
 		cancel()
 		if err != nil {
 			pool.Close()
@@ -223,21 +226,23 @@ func webhookCertManager(cfg *rest.Config, scheme *runtime.Scheme, opts Options) 
 	return &webhookcerts.Manager{Client: c, Options: webhookcerts.Options{
 		SecretNamespace: secretNS, SecretName: secretName,
 		ServiceNamespace: svcNS, ServiceName: svcName,
-		ClusterDomain:  opts.ClusterDomain,
-		CertDir:        opts.WebhookCertDir,
-		Configurations: opts.WebhookConfigurations,
+		ClusterDomain:           opts.ClusterDomain,
+		CertDir:                 opts.WebhookCertDir,
+		MutatingConfiguration:   opts.WebhookMutatingConfiguration,
+		ValidatingConfiguration: opts.WebhookValidatingConfiguration,
 	}}, nil
 }
 
 // retry calls f until it succeeds or ctx ends, backing off up to 5 s: the
 // API server may not answer yet when the operator pod starts.
-func retry(ctx context.Context, f func(context.Context) error) error {
+func retry(ctx context.Context, f func(context.Context) error, onError func(error)) error {
 	delay := 200 * time.Millisecond
 	for {
 		err := f(ctx)
 		if err == nil {
 			return nil
 		}
+		onError(err)
 		select {
 		case <-ctx.Done():
 			return err

@@ -70,8 +70,9 @@ func TestWebhookCertificates(t *testing.T) {
 			SecretNamespace: ns, SecretName: "apiary-webhook-cert",
 			ServiceNamespace: ns, ServiceName: "apiary-webhook",
 			ClusterDomain: "cluster.local", CertDir: dir,
-			Configurations: []string{"apiary-mutating", "apiary-validating"},
-			Now:            func() time.Time { return clock },
+			MutatingConfiguration:   "apiary-mutating",
+			ValidatingConfiguration: "apiary-validating",
+			Now:                     func() time.Time { return clock },
 		}}
 	}
 	dir := t.TempDir()

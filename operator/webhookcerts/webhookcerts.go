@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -45,10 +46,10 @@ type Options struct {
 	ClusterDomain string
 	// CertDir is where the webhook server reads tls.crt and tls.key.
 	CertDir string
-	// Configurations are the names of the Mutating- and
-	// ValidatingWebhookConfigurations whose webhooks call ServiceName: their
-	// caBundle is set to the CA.
-	Configurations []string
+	// MutatingConfiguration and ValidatingConfiguration name the webhook
+	// configurations whose webhooks call ServiceName: their caBundle is set
+	// to the CA. Either may be empty.
+	MutatingConfiguration, ValidatingConfiguration string
 	// Interval between checks (default one hour).
 	Interval time.Duration
 	// Now is the clock (tests).
@@ -213,55 +214,49 @@ func (m *Manager) writeFiles(data map[string][]byte) error {
 // calls the Service. Replicas may do it at the same moment: conflicts are
 // retried on a fresh read.
 func (m *Manager) injectCABundle(ctx context.Context, ca []byte) error {
-	for _, name := range m.Configurations {
-		mutating, err := m.inject(ctx, name, ca, &admissionregistrationv1.MutatingWebhookConfiguration{}, func(o client.Object) bool {
+	if name := m.MutatingConfiguration; name != "" {
+		if err := m.inject(ctx, name, &admissionregistrationv1.MutatingWebhookConfiguration{}, func(o client.Object) bool {
+			whs := o.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks
 			changed := false
-			for i := range o.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks {
-				changed = m.setCA(&o.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks[i].ClientConfig, ca) || changed
+			for i := range whs {
+				changed = m.setCA(&whs[i].ClientConfig, ca) || changed
 			}
 			return changed
-		})
-		if err != nil {
+		}); err != nil {
 			return err
 		}
-		validating, err := m.inject(ctx, name, ca, &admissionregistrationv1.ValidatingWebhookConfiguration{}, func(o client.Object) bool {
+	}
+	if name := m.ValidatingConfiguration; name != "" {
+		if err := m.inject(ctx, name, &admissionregistrationv1.ValidatingWebhookConfiguration{}, func(o client.Object) bool {
+			whs := o.(*admissionregistrationv1.ValidatingWebhookConfiguration).Webhooks
 			changed := false
-			for i := range o.(*admissionregistrationv1.ValidatingWebhookConfiguration).Webhooks {
-				changed = m.setCA(&o.(*admissionregistrationv1.ValidatingWebhookConfiguration).Webhooks[i].ClientConfig, ca) || changed
+			for i := range whs {
+				changed = m.setCA(&whs[i].ClientConfig, ca) || changed
 			}
 			return changed
-		})
-		if err != nil {
+		}); err != nil {
 			return err
-		}
-		if !mutating && !validating {
-			return fmt.Errorf("no Mutating- or ValidatingWebhookConfiguration named %s", name)
 		}
 	}
 	return nil
 }
 
-// inject updates one configuration if set changes it; found is false when
-// it does not exist.
-func (m *Manager) inject(ctx context.Context, name string, ca []byte, obj client.Object, set func(client.Object) bool) (found bool, err error) {
-	kind := fmt.Sprintf("%T", obj)[len("*v1."):]
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+// inject updates one configuration when set changes it.
+func (m *Manager) inject(ctx context.Context, name string, obj client.Object, set func(client.Object) bool) error {
+	kind := strings.TrimPrefix(fmt.Sprintf("%T", obj), "*v1.")
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := m.Client.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
 			return err
 		}
-		found = true
 		if !set(obj) {
 			return nil
 		}
 		return m.Client.Update(ctx, obj)
 	})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
 	if err != nil {
-		return found, fmt.Errorf("setting caBundle of %s %s: %w", kind, name, err)
+		return fmt.Errorf("setting caBundle of %s %s: %w", kind, name, err)
 	}
-	return found, nil
+	return nil
 }
 
 func (m *Manager) setCA(cc *admissionregistrationv1.WebhookClientConfig, ca []byte) bool {
