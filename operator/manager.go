@@ -4,8 +4,11 @@ package operator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -58,6 +61,10 @@ type Options struct {
 	ResyncPeriod time.Duration
 	// DataStoreCheckInterval is how often each DataStore's etcd is checked.
 	DataStoreCheckInterval time.Duration
+	// ShutdownDelay is how long Run keeps serving after its context ends,
+	// with /readyz failing, so that Services stop routing webhook calls to
+	// this replica before its webhook server closes.
+	ShutdownDelay time.Duration
 }
 
 // DefaultOptions are the flag defaults.
@@ -71,6 +78,7 @@ func DefaultOptions() Options {
 		ClusterDomain:           "cluster.local",
 		MaxConcurrentReconciles: 4,
 		DataStoreCheckInterval:  controllers.DefaultDataStoreCheckInterval,
+		ShutdownDelay:           5 * time.Second,
 	}
 }
 
@@ -189,14 +197,37 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 	return mgr, pool.Close, nil
 }
 
-// Run starts the operator and blocks until ctx ends.
+// Run starts the operator and blocks until ctx ends and the shutdown delay
+// has passed.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	mgr, cleanup, err := NewManager(cfg, opts)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	if err := mgr.Start(ctx); err != nil {
+	var draining atomic.Bool
+	if err := mgr.AddReadyzCheck("draining", func(*http.Request) error {
+		if draining.Load() {
+			return errors.New("shutting down")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	mgrCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mgrCtx.Done():
+			return
+		}
+		draining.Store(true)
+		ctrl.Log.Info("shutting down: serving until the delay has passed", "delay", opts.ShutdownDelay)
+		time.Sleep(opts.ShutdownDelay)
+		stop()
+	}()
+	if err := mgr.Start(mgrCtx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil

@@ -69,6 +69,7 @@ $KUBECONFIG or ~/.kube/config. Run several replicas with --leader-elect.`,
 	f.DurationVar(&opts.DataStoreCheckInterval, "datastore-check-interval", opts.DataStoreCheckInterval, "how often each DataStore's etcd is checked for reachability and authentication")
 	f.Float32Var(&qps, "kube-api-qps", qps, "client-side limit of requests per second to the management API server (-1: none, rely on API priority and fairness)")
 	f.IntVar(&burst, "kube-api-burst", burst, "client-side burst of requests to the management API server (with --kube-api-qps > 0)")
+	f.DurationVar(&opts.ShutdownDelay, "shutdown-delay", opts.ShutdownDelay, "on SIGTERM, keep serving this long with /readyz failing, so that webhook calls stop arriving before the server closes")
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles, "tenants reconciled in parallel")
 	gofs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	logOpts.BindFlags(gofs)

@@ -107,12 +107,16 @@ func APIServerArgs(in Inputs) []string {
 		"requestheader-group-headers":        "X-Remote-Group",
 		"requestheader-username-headers":     "X-Remote-User",
 		"secure-port":                        port,
-		"service-account-issuer":             "https://kubernetes.default.svc." + s.Network.ClusterDomain,
-		"service-account-key-file":           pathSAPub,
-		"service-account-signing-key-file":   pathSAKey,
-		"service-cluster-ip-range":           s.Network.ServiceCIDR,
-		"tls-cert-file":                      pathAPIServerCert,
-		"tls-private-key-file":               pathAPIServerKey,
+		// On SIGTERM keep serving while /readyz fails, so that the Service
+		// stops sending new connections before the listener closes (a
+		// scale-down or a rolling update then loses no request).
+		"shutdown-delay-duration":          "5s",
+		"service-account-issuer":           "https://kubernetes.default.svc." + s.Network.ClusterDomain,
+		"service-account-key-file":         pathSAPub,
+		"service-account-signing-key-file": pathSAKey,
+		"service-cluster-ip-range":         s.Network.ServiceCIDR,
+		"tls-cert-file":                    pathAPIServerCert,
+		"tls-private-key-file":             pathAPIServerKey,
 	}, s.APIServer.ExtraArgs)
 }
 
