@@ -109,12 +109,13 @@ func projectedVolume(name string, sources ...*corev1ac.VolumeProjectionApplyConf
 }
 
 // defaultRequests keep many tenants schedulable on a small management
-// cluster; they are close to what an idle tenant uses (measured in
-// docs/benchmarks.md). Users set limits and larger requests per component.
+// cluster: they are what an idle tenant uses (docs/benchmarks.md: idle RSS
+// 276/116/68 MiB, CPU a few millicores), so that a full node means a busy
+// one. Users set limits and larger requests per component.
 var defaultRequests = map[string]corev1.ResourceList{
-	containerAPIServer:         {corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
-	containerControllerManager: {corev1.ResourceCPU: resource.MustParse("20m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
-	containerScheduler:         {corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+	containerAPIServer:         {corev1.ResourceCPU: resource.MustParse("25m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+	containerControllerManager: {corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("96Mi")},
+	containerScheduler:         {corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("48Mi")},
 }
 
 func resources(component string, spec apiary.ComponentSpec) *corev1ac.ResourceRequirementsApplyConfiguration {
@@ -170,18 +171,20 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 	s := tcp.Spec
 	port := s.Network.Port
 
+	// Only the API server gates the pod's readiness (it alone serves the
+	// Service); the controller-manager and scheduler start after it anyway,
+	// and a startup probe on them would delay a new tenant by seconds. Their
+	// liveness probes allow a minute before restarting them.
 	apiServer := container(containerAPIServer, in, APIServerArgs(in), s.APIServer, port).
-		// Startup polls every second so that a new tenant turns Ready as soon
-		// as it serves; afterwards readiness and liveness back off.
+		// Probed every second so that a new tenant turns Ready as soon as
+		// it serves: readiness gates the Service and the rollout.
 		WithStartupProbe(httpsProbe("/livez", port, 1, 120)).
-		WithReadinessProbe(httpsProbe("/readyz", port, 2, 3)).
+		WithReadinessProbe(httpsProbe("/readyz", port, 1, 3)).
 		WithLivenessProbe(httpsProbe("/livez", port, 10, 6))
 	controllerManager := container(containerControllerManager, in, ControllerManagerArgs(in), s.ControllerManager, controllerManagerPort).
-		WithStartupProbe(httpsProbe("/healthz", controllerManagerPort, 2, 60)).
-		WithLivenessProbe(httpsProbe("/healthz", controllerManagerPort, 10, 6))
+		WithLivenessProbe(httpsProbe("/healthz", controllerManagerPort, 10, 6).WithInitialDelaySeconds(10))
 	scheduler := container(containerScheduler, in, SchedulerArgs(in), s.Scheduler, schedulerPort).
-		WithStartupProbe(httpsProbe("/healthz", schedulerPort, 2, 60)).
-		WithLivenessProbe(httpsProbe("/healthz", schedulerPort, 10, 6))
+		WithLivenessProbe(httpsProbe("/healthz", schedulerPort, 10, 6).WithInitialDelaySeconds(10))
 
 	selector := SelectorLabels(tcp)
 	podLabels := maps.Clone(Labels(tcp))
