@@ -316,7 +316,7 @@ func createDataStore(ctx context.Context, b *testing.B, c client.Client, etcd *e
 		ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec: apiary.DataStoreSpec{
 			Endpoints: cfg.Endpoints,
-			TLS: apiary.DataStoreTLS{
+			TLS: &apiary.DataStoreTLS{
 				CASecretRef:     apiary.SecretReference{Name: ca.Name, Namespace: memSystemNS},
 				ClientSecretRef: apiary.SecretReference{Name: root.Name, Namespace: memSystemNS},
 			},
