@@ -55,6 +55,7 @@ func TestE2E(t *testing.T) {
 	t.Run("WebhookRejectsBadSpecs", e.testWebhook)
 	t.Run("DeleteRemovesEverything", e.testDelete)
 	t.Run("OperatorKilledMidReconcile", e.testOperatorRestart)
+	t.Run("ManagedEtcdWithThreeMembers", e.testThreeMemberDataStore)
 }
 
 func (e *env) testTenantReady(t *testing.T) {
@@ -556,4 +557,72 @@ func (e *env) testOperatorRestart(t *testing.T) {
 	}
 	kc := e.ExportKubeconfig(t, "gamma")
 	framework.Kubectl(t, kc, "get", "namespaces")
+}
+
+// testThreeMemberDataStore creates a managed etcd of three members, puts a
+// tenant on it, and removes both.
+func (e *env) testThreeMemberDataStore(t *testing.T) {
+	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "trio"}, Spec: apiary.DataStoreSpec{
+		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{EmptyDir: true}},
+	}}
+	t.Cleanup(func() {
+		// After a failure too: the tenant first (the DataStore waits for it).
+		_ = e.C.Delete(context.Background(), &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: framework.TenantsNS, Name: "on-trio"}})
+		_ = e.C.Delete(context.Background(), &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "trio"}})
+	})
+	start := time.Now()
+	if err := e.C.Create(e.Ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "DataStore trio Ready", 5*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "trio"}, ds); err != nil {
+			return err
+		}
+		return framework.ConditionIs(ds.Status.Conditions, apiary.ConditionReady, metav1.ConditionTrue, "")
+	})
+	t.Logf("FIGURE managed etcd with 3 members Ready (auth enabled, checked) in %s", time.Since(start).Round(time.Millisecond))
+	// Ready needs a quorum; all three members follow.
+	framework.Eventually(t, "three ready members", 2*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "trio"}, ds); err != nil {
+			return err
+		}
+		if ds.Status.ReadyMembers != 3 || len(ds.Status.Endpoints) != 3 {
+			return fmt.Errorf("readyMembers=%d endpoints=%v", ds.Status.ReadyMembers, ds.Status.Endpoints)
+		}
+		return nil
+	})
+	took := e.CreateTenant(t, "on-trio", func(p *apiary.TenantControlPlane) { p.Spec.DataStore = "trio" })
+	t.Logf("FIGURE tenant on the 3-member etcd Ready in %s", took.Round(time.Millisecond))
+	kc := e.ExportKubeconfig(t, "on-trio")
+	framework.Kubectl(t, kc, "create", "namespace", "on-trio-ns")
+	// One member down: the other two keep quorum and the tenant answers.
+	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: "trio-etcd-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Kubectl(t, kc, "create", "namespace", "while-a-member-restarts")
+	if err := e.C.Delete(e.Ctx, e.TCP(t, "on-trio")); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "on-trio gone", 2*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: "on-trio"}, &apiary.TenantControlPlane{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	if err := e.C.Delete(e.Ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "DataStore trio and its members gone", 2*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "trio"}, &apiary.DataStore{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("DataStore: %v", err)
+		}
+		var pods corev1.PodList
+		if err := e.C.List(e.Ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{render.LabelDataStore: "trio"}); err != nil {
+			return err
+		}
+		if len(pods.Items) > 0 {
+			return fmt.Errorf("%d etcd pods left", len(pods.Items))
+		}
+		return nil
+	})
 }

@@ -76,10 +76,21 @@ func Setup(t testing.TB) *Env {
 		t.Fatal(err)
 	}
 	e.installChart()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: TenantsNS}}
-	if err := e.C.Create(e.Ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	// A previous run's namespace may still be terminating.
+	Eventually(t, "namespace "+TenantsNS+" created", 3*time.Minute, func() error {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: TenantsNS}}
+		err := e.C.Create(e.Ctx, ns)
+		if apierrors.IsAlreadyExists(err) {
+			if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
+				return err
+			}
+			if !ns.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("namespace %s is still terminating", TenantsNS)
+			}
+			return nil
+		}
+		return err
+	})
 	t.Cleanup(e.cleanup)
 	return e
 }
