@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
@@ -95,12 +98,17 @@ func (f *ConfigFlags) NewClient(warnings io.Writer) (client.Client, error) {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "apiary-cli"
 	}
+	// The command line reports errors itself; controller-runtime would
+	// otherwise complain, after 30 s, that no logger was set.
+	quietControllerRuntime.Do(func() { ctrllog.SetLogger(logr.Discard()) })
 	c, err := client.New(cfg, client.Options{Scheme: Scheme})
 	if err != nil {
 		return nil, fmt.Errorf("cannot create a client for %s: %w", cfg.Host, err)
 	}
 	return c, nil
 }
+
+var quietControllerRuntime sync.Once
 
 // kubeconfigError explains a failure to load the user's kubeconfig.
 func kubeconfigError(err error) error {

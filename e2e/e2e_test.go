@@ -15,7 +15,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -28,7 +30,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -40,6 +44,7 @@ import (
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/internal/testenv"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
 )
 
@@ -562,8 +567,12 @@ func (e *env) testOperatorRestart(t *testing.T) {
 // testThreeMemberDataStore creates a managed etcd of three members, puts a
 // tenant on it, and removes both.
 func (e *env) testThreeMemberDataStore(t *testing.T) {
+	// Members keep their data in claims, as in production: the local
+	// cluster has no provisioner, so the test provides static hostPath
+	// volumes.
+	class := staticVolumes(t, e, "trio", 3)
 	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "trio"}, Spec: apiary.DataStoreSpec{
-		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{EmptyDir: true}},
+		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{StorageClassName: &class}},
 	}}
 	t.Cleanup(func() {
 		// After a failure too: the tenant first (the DataStore waits for it).
@@ -581,25 +590,62 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 		return framework.ConditionIs(ds.Status.Conditions, apiary.ConditionReady, metav1.ConditionTrue, "")
 	})
 	t.Logf("FIGURE managed etcd with 3 members Ready (auth enabled, checked) in %s", time.Since(start).Round(time.Millisecond))
+	allMembers := func(what string) {
+		t.Helper()
+		framework.Eventually(t, what, 3*time.Minute, func() error {
+			if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "trio"}, ds); err != nil {
+				return err
+			}
+			if ds.Status.ReadyMembers != 3 || len(ds.Status.Endpoints) != 3 {
+				return fmt.Errorf("readyMembers=%d endpoints=%v", ds.Status.ReadyMembers, ds.Status.Endpoints)
+			}
+			return framework.ConditionIs(ds.Status.Conditions, apiary.ConditionMembersReady, metav1.ConditionTrue, controllers.ReasonAllMembersReady)
+		})
+	}
 	// Ready needs a quorum; all three members follow.
-	framework.Eventually(t, "three ready members", 2*time.Minute, func() error {
-		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "trio"}, ds); err != nil {
-			return err
-		}
-		if ds.Status.ReadyMembers != 3 || len(ds.Status.Endpoints) != 3 {
-			return fmt.Errorf("readyMembers=%d endpoints=%v", ds.Status.ReadyMembers, ds.Status.Endpoints)
-		}
-		return nil
-	})
+	allMembers("three ready members")
 	took := e.CreateTenant(t, "on-trio", func(p *apiary.TenantControlPlane) { p.Spec.DataStore = "trio" })
 	t.Logf("FIGURE tenant on the 3-member etcd Ready in %s", took.Round(time.Millisecond))
 	kc := e.ExportKubeconfig(t, "on-trio")
 	framework.Kubectl(t, kc, "create", "namespace", "on-trio-ns")
-	// One member down: the other two keep quorum and the tenant answers.
+
+	// One member down: the other two keep quorum and the tenant keeps
+	// taking writes; the member comes back with its data and rejoins.
+	deleted := time.Now()
 	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: "trio-etcd-1"}}); err != nil {
 		t.Fatal(err)
 	}
-	framework.Kubectl(t, kc, "create", "namespace", "while-a-member-restarts")
+	var lastErr error
+	written := false
+	for time.Since(deleted) < 20*time.Second {
+		out, err := framework.KubectlErr(kc, "--request-timeout=3s", "create", "namespace", "while-a-member-restarts")
+		if err == nil || strings.Contains(out, "AlreadyExists") {
+			written = true
+			break
+		}
+		lastErr = fmt.Errorf("%v: %s", err, out)
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !written {
+		t.Fatalf("the tenant took no write within 20 s of losing one of three etcd members: %v", lastErr)
+	}
+	t.Logf("FIGURE first tenant write after deleting one of three etcd members: %s", time.Since(deleted).Round(time.Millisecond))
+	framework.Eventually(t, "the member's new pod", time.Minute, func() error {
+		var p corev1.Pod
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.SystemNS, Name: "trio-etcd-1"}, &p); err != nil {
+			return err
+		}
+		if p.CreationTimestamp.Time.Before(deleted.Add(-time.Second)) {
+			return errors.New("still the old pod")
+		}
+		return nil
+	})
+	allMembers("the restarted member rejoins")
+	t.Logf("FIGURE deleted etcd member back and all 3 ready after %s", time.Since(deleted).Round(time.Millisecond))
+	for _, ns := range []string{"on-trio-ns", "while-a-member-restarts"} {
+		framework.Kubectl(t, kc, "get", "namespace", ns)
+	}
+
 	if err := e.C.Delete(e.Ctx, e.TCP(t, "on-trio")); err != nil {
 		t.Fatal(err)
 	}
@@ -612,7 +658,7 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 	if err := e.C.Delete(e.Ctx, ds); err != nil {
 		t.Fatal(err)
 	}
-	framework.Eventually(t, "DataStore trio and its members gone", 2*time.Minute, func() error {
+	framework.Eventually(t, "DataStore trio, its members and their claims gone", 2*time.Minute, func() error {
 		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "trio"}, &apiary.DataStore{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("DataStore: %v", err)
 		}
@@ -623,6 +669,66 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 		if len(pods.Items) > 0 {
 			return fmt.Errorf("%d etcd pods left", len(pods.Items))
 		}
+		var claims corev1.PersistentVolumeClaimList
+		if err := e.C.List(e.Ctx, &claims, client.InNamespace(framework.SystemNS)); err != nil {
+			return err
+		}
+		for _, c := range claims.Items {
+			if strings.Contains(c.Name, "trio-etcd") {
+				return fmt.Errorf("claim %s left", c.Name)
+			}
+		}
 		return nil
 	})
+}
+
+// staticVolumes makes a StorageClass without a provisioner and n hostPath
+// PersistentVolumes of it, in directories the etcd user owns, and removes
+// them all when the test ends. It returns the class name.
+func staticVolumes(t *testing.T, e *env, name string, n int) string {
+	t.Helper()
+	class := "e2e-static-" + name
+	root := filepath.Join("/var/lib/apiary-e2e", name)
+	sc := &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: class},
+		Provisioner:       "kubernetes.io/no-provisioner",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+	}
+	var objs []client.Object
+	objs = append(objs, sc)
+	for i := range n {
+		dir := filepath.Join(root, fmt.Sprintf("pv-%d", i))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		// The members run as this user; hostPath volumes are not chowned.
+		if err := os.Chown(dir, 65532, 65532); err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", class, i)},
+			Spec: corev1.PersistentVolumeSpec{
+				StorageClassName:              class,
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+				PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{
+					Path: dir, Type: ptr.To(corev1.HostPathDirectory),
+				}},
+			},
+		})
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, o := range objs {
+			_ = e.C.Delete(ctx, o)
+		}
+		_ = os.RemoveAll(root)
+	})
+	for _, o := range objs {
+		if err := e.C.Create(e.Ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	return class
 }

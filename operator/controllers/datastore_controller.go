@@ -42,6 +42,9 @@ const (
 	ReasonAvailable    = "Available"
 	ReasonInUse        = "InUse"
 	ReasonProvisioning = "Provisioning"
+	// ReasonAllMembersReady and ReasonMembersUnavailable are MembersReady's.
+	ReasonAllMembersReady    = "AllMembersReady"
+	ReasonMembersUnavailable = "MembersUnavailable"
 
 	// DefaultDataStoreCheckInterval is how often a DataStore's etcd is
 	// checked when nothing else happens: reachability changes emit no
@@ -260,6 +263,17 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	}
 	ds.Status.ReadyMembers = ready
 	want := ds.Spec.Managed.Replicas
+	if ready == want {
+		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionTrue, ReasonAllMembersReady, fmt.Sprintf("%d of %d etcd members ready", ready, want))
+	} else {
+		msg := fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds))
+		if ds.Spec.Managed.Storage.EmptyDir && want > 1 {
+			// The member comes back with an empty data directory and etcd
+			// refuses to bootstrap it again ("already been bootstrapped").
+			msg += "; with emptyDir storage a member whose pod was deleted lost its data and etcd refuses to bootstrap it again; Apiary does not replace members yet, so give a DataStore of more than one member claims (spec.managed.storage without emptyDir)"
+		}
+		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionFalse, ReasonMembersUnavailable, msg)
+	}
 	// A quorum serves; enabling auth needs one.
 	if ready < want/2+1 {
 		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds)), nil

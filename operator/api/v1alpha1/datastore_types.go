@@ -39,7 +39,9 @@ type ManagedEtcdStorage struct {
 	// EmptyDir keeps the data in an emptyDir instead of a claim, for
 	// clusters without a storage provisioner (development only: a member
 	// whose pod is deleted loses its data, and a single member loses every
-	// tenant's state).
+	// tenant's state; with several members the one whose pod was deleted
+	// cannot rejoin and MembersReady stays False: Apiary does not replace
+	// members yet).
 	// +optional
 	EmptyDir bool `json:"emptyDir,omitempty"`
 }
@@ -101,7 +103,8 @@ type DataStoreStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Conditions: Ready says whether etcd answers with auth enabled and the
-	// root credentials work.
+	// root credentials work; MembersReady (managed etcd) whether every
+	// member is ready.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

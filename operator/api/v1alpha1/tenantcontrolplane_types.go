@@ -197,6 +197,8 @@ const (
 	ConditionEndpointReady         = "EndpointReady"
 	ConditionControlPlaneAvailable = "ControlPlaneAvailable"
 	ConditionReady                 = "Ready"
+	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
+	ConditionMembersReady = "MembersReady"
 )
 
 // TenantControlPlane is a Kubernetes control plane hosted for a tenant.
