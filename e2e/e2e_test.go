@@ -54,6 +54,7 @@ type env struct{ *framework.Env }
 func TestE2E(t *testing.T) {
 	e := env{framework.Setup(t)}
 	t.Run("TenantBecomesReadyBehindLoadBalancer", e.testTenantReady)
+	t.Run("TenantBootstrapIsKubeadmCompatible", e.testKubeadmBootstrap)
 	t.Run("TenantsAreIsolated", e.testIsolation)
 	t.Run("ScaleKeepsAPIAvailable", e.testScale)
 	t.Run("ControlPlanePodDeleted", e.testPodDeletion)

@@ -76,6 +76,8 @@ const (
 	ReasonAPIUnreachable          = "APIUnreachable"
 	ReasonRegisteredNotSupported  = "RegisteredModeNotSupported"
 	ReasonDeleting                = "Deleting"
+	ReasonApplied                 = "Applied"
+	ReasonBootstrapFailed         = "BootstrapFailed"
 )
 
 // TenantControlPlaneReconciler reconciles TenantControlPlanes: datastore
@@ -93,10 +95,14 @@ type TenantControlPlaneReconciler struct {
 	ClusterDomain string
 	// MaxConcurrentReconciles bounds parallel reconciles.
 	MaxConcurrentReconciles int
+	// BootstrapResync bounds how long an unchanged tenant bootstrap is not
+	// re-applied (DefaultBootstrapResync when 0).
+	BootstrapResync time.Duration
 	// Now is the clock (tests move it to check renewal).
 	Now func() time.Time
 
-	statuses statusMemo[apiary.TenantControlPlaneStatus]
+	statuses     statusMemo[apiary.TenantControlPlaneStatus]
+	bootstrapper tenantBootstrapper
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=tenantcontrolplanes,verbs=get;list;watch;update;patch
@@ -312,7 +318,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	r.observeDeployment(tcp, dep)
 
 	// 6. Ready: everything above, and the API answering through its endpoint.
-	return r.observeReady(ctx, tcp, ca, ep), nil
+	return r.observeReady(ctx, tcp, cr, ca, ep), nil
 }
 
 // issueBase issues the CAs, the service-account key, the client
@@ -586,7 +592,7 @@ func deref[T any](p *T) T {
 
 // observeReady sets Ready: every condition True and the tenant API answering
 // /readyz through its public endpoint, verified against the tenant CA.
-func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *apiary.TenantControlPlane, ca *pki.KeyPair, ep render.Endpoint) ctrl.Result {
+func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ca *pki.KeyPair, ep render.Endpoint) ctrl.Result {
 	for _, c := range []string{apiary.ConditionDataStoreReady, apiary.ConditionCertificatesReady, apiary.ConditionEndpointReady, apiary.ConditionControlPlaneAvailable} {
 		if !meta.IsStatusConditionTrue(tcp.Status.Conditions, c) {
 			r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonWaitingForPrerequisites, c+" is not True")
@@ -599,6 +605,18 @@ func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *ap
 		// seconds matters), then back off: an endpoint that stays
 		// unreachable emits no event and must not become a hot loop.
 		if c := meta.FindStatusCondition(tcp.Status.Conditions, apiary.ConditionReady); c != nil && r.Now().Sub(c.LastTransitionTime.Time) > apiUnreachableFastPoll {
+			return ctrl.Result{RequeueAfter: 15 * time.Second}
+		}
+		return ctrl.Result{RequeueAfter: time.Second}
+	}
+	// The API answers: apply what kubeadm join and the nodes need inside
+	// the tenant.
+	if err := r.bootstrapTenant(ctx, tcp, cr, ep.URL()); err != nil {
+		log.FromContext(ctx).Info("tenant bootstrap failed", "error", err.Error())
+		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonWaitingForPrerequisites, apiary.ConditionTenantBootstrapped+" is not True")
+		// A fresh API server may lack kube-public for a moment: retry
+		// fast at first, then back off.
+		if c := meta.FindStatusCondition(tcp.Status.Conditions, apiary.ConditionTenantBootstrapped); c != nil && r.Now().Sub(c.LastTransitionTime.Time) > apiUnreachableFastPoll {
 			return ctrl.Result{RequeueAfter: 15 * time.Second}
 		}
 		return ctrl.Result{RequeueAfter: time.Second}
@@ -731,6 +749,7 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	r.statuses.forget(orig.UID)
+	r.forgetTenant(orig.UID)
 	logger.Info("tenant removed", "dataStore", tcp.Status.DataStore.Name, "prefix", tcp.Status.DataStore.Prefix)
 	return ctrl.Result{}, nil
 }

@@ -1,22 +1,16 @@
 package render
 
 import (
-	"bytes"
-	"flag"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/yaml"
 
+	"github.com/apiaryhq/apiary/internal/golden"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func fixture() *apiary.TenantControlPlane {
 	tcp := &apiary.TenantControlPlane{
@@ -36,47 +30,8 @@ func inputs(tcp *apiary.TenantControlPlane) Inputs {
 	}
 }
 
-func golden(t *testing.T, name string, obj any) {
-	t.Helper()
-	got, err := yaml.Marshal(obj)
-	if err != nil {
-		t.Fatalf("marshal %s: %v", name, err)
-	}
-	path := filepath.Join("testdata", name+".golden.yaml")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden file (run go test ./operator/render -update to create it): %v", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from %s (run with -update if the change is intended):\n%s", name, path, lineDiff(string(want), string(got)))
-	}
-}
-
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := 0; i < max(len(w), len(g)); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			b.WriteString("- " + wl + "\n+ " + gl + "\n")
-		}
-	}
-	return b.String()
-}
-
 func TestDeploymentGolden(t *testing.T) {
-	golden(t, "deployment", Deployment(inputs(fixture())))
+	golden.YAML(t, "deployment", Deployment(inputs(fixture())))
 }
 
 func TestDeploymentGoldenCustomised(t *testing.T) {
@@ -87,14 +42,14 @@ func TestDeploymentGoldenCustomised(t *testing.T) {
 	tcp.Spec.Scheduler.ExtraArgs = map[string]string{"v": "4"}
 	in := inputs(tcp)
 	in.ImageRepository = "mirror.example.com/k8s"
-	golden(t, "deployment-customised", Deployment(in))
+	golden.YAML(t, "deployment-customised", Deployment(in))
 }
 
 func TestServiceGolden(t *testing.T) {
-	golden(t, "service", Service(fixture()))
+	golden.YAML(t, "service", Service(fixture()))
 	tcp := fixture()
 	tcp.Spec.Network.Address = "192.0.2.50"
-	golden(t, "service-fixed-address", Service(tcp))
+	golden.YAML(t, "service-fixed-address", Service(tcp))
 }
 
 func TestArgsAreDeterministicAndSorted(t *testing.T) {
@@ -204,12 +159,12 @@ func managedFixture(replicas int32) *apiary.DataStore {
 
 func TestManagedEtcdGolden(t *testing.T) {
 	in := EtcdInputs{DataStore: managedFixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210"}
-	golden(t, "etcd-statefulset", EtcdStatefulSet(in))
-	golden(t, "etcd-service", EtcdService(in.DataStore))
-	golden(t, "etcd-pdb", EtcdPodDisruptionBudget(in.DataStore))
+	golden.YAML(t, "etcd-statefulset", EtcdStatefulSet(in))
+	golden.YAML(t, "etcd-service", EtcdService(in.DataStore))
+	golden.YAML(t, "etcd-pdb", EtcdPodDisruptionBudget(in.DataStore))
 	dev := managedFixture(1)
 	dev.Spec.Managed.Storage.EmptyDir = true
-	golden(t, "etcd-statefulset-emptydir", EtcdStatefulSet(EtcdInputs{DataStore: dev, ClusterDomain: "cluster.local", ConfigHash: "0"}))
+	golden.YAML(t, "etcd-statefulset-emptydir", EtcdStatefulSet(EtcdInputs{DataStore: dev, ClusterDomain: "cluster.local", ConfigHash: "0"}))
 }
 
 func TestManagedEtcdNames(t *testing.T) {

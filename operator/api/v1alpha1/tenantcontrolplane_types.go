@@ -196,6 +196,9 @@ const (
 	ConditionCertificatesReady     = "CertificatesReady"
 	ConditionEndpointReady         = "EndpointReady"
 	ConditionControlPlaneAvailable = "ControlPlaneAvailable"
+	// ConditionTenantBootstrapped: the kubeadm-compatible bootstrap and the
+	// enabled addons are applied inside the tenant.
+	ConditionTenantBootstrapped = "TenantBootstrapped"
 	ConditionReady                 = "Ready"
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"

@@ -1,0 +1,196 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/tenant"
+)
+
+// DefaultBootstrapResync is how long an applied, unchanged bootstrap is
+// trusted before it is applied again, which re-creates what a tenant user
+// deleted. A Ready tenant is reconciled every 5 minutes, so that is the
+// bound.
+const DefaultBootstrapResync = 4 * time.Minute
+
+// tenantBootstrapper applies the objects of package tenant inside tenant
+// clusters, through a client per tenant built from its admin kubeconfig.
+type tenantBootstrapper struct {
+	mu      sync.Mutex
+	clients map[types.UID]tenantClient
+	applied map[types.UID]appliedBootstrap
+}
+
+type tenantClient struct {
+	kubeconfigHash [32]byte
+	c              client.Client
+}
+
+type appliedBootstrap struct {
+	hash [32]byte
+	at   time.Time
+}
+
+// bootstrapResult says what one bootstrap did.
+type bootstrapResult struct {
+	applied, removed int
+	parts            []tenant.Part
+	skipped          bool
+}
+
+// client returns the tenant's client, rebuilding it when the kubeconfig
+// changed (a renewed certificate or a new endpoint).
+func (b *tenantBootstrapper) client(uid types.UID, kubeconfig []byte) (client.Client, error) {
+	h := sha256.Sum256(kubeconfig)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if tc, ok := b.clients[uid]; ok && tc.kubeconfigHash == h {
+		return tc.c, nil
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "apiary-operator"
+	cfg.Timeout = 10 * time.Second
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("creating a client for the tenant API at %s: %w", cfg.Host, err)
+	}
+	if b.clients == nil {
+		b.clients = map[types.UID]tenantClient{}
+	}
+	b.clients[uid] = tenantClient{kubeconfigHash: h, c: c}
+	return c, nil
+}
+
+// forget drops what is remembered of a deleted tenant.
+func (b *tenantBootstrapper) forget(uid types.UID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.clients, uid)
+	delete(b.applied, uid)
+}
+
+// bootstrap applies every enabled part and removes the objects of disabled
+// ones. Unchanged input applied less than bootstrapResync ago is skipped.
+func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, kubeconfig []byte, now time.Time, resync time.Duration) (bootstrapResult, error) {
+	var res bootstrapResult
+	type rendered struct {
+		part    tenant.Part
+		enabled bool
+		objs    []*unstructured.Unstructured
+	}
+	var all []rendered
+	h := sha256.New()
+	for _, p := range tenant.Parts {
+		objs, err := tenant.Render(in, p)
+		if err != nil {
+			return res, err
+		}
+		r := rendered{part: p, enabled: in.Enabled(p), objs: objs}
+		all = append(all, r)
+		if r.enabled {
+			res.parts = append(res.parts, p)
+		}
+		fmt.Fprintf(h, "%s=%t;", p, r.enabled)
+		if err := json.NewEncoder(h).Encode(objs); err != nil {
+			return res, err
+		}
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	uid := in.TCP.UID
+	b.mu.Lock()
+	last, ok := b.applied[uid]
+	b.mu.Unlock()
+	if ok && last.hash == sum && now.Sub(last.at) < resync {
+		res.skipped = true
+		return res, nil
+	}
+
+	c, err := b.client(uid, kubeconfig)
+	if err != nil {
+		return res, err
+	}
+	for _, r := range all {
+		for _, o := range r.objs {
+			what := fmt.Sprintf("%s %s", o.GetKind(), client.ObjectKeyFromObject(o))
+			if !r.enabled {
+				err := c.Delete(ctx, o)
+				switch {
+				case err == nil:
+					res.removed++
+				case apierrors.IsNotFound(err):
+				default:
+					return res, fmt.Errorf("removing %s of disabled %s: %w", what, r.part, err)
+				}
+				continue
+			}
+			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+				return res, fmt.Errorf("applying %s (%s): %w", what, r.part, err)
+			}
+			res.applied++
+		}
+	}
+	b.mu.Lock()
+	if b.applied == nil {
+		b.applied = map[types.UID]appliedBootstrap{}
+	}
+	b.applied[uid] = appliedBootstrap{hash: sum, at: now}
+	b.mu.Unlock()
+	return res, nil
+}
+
+// errNoAdminKubeconfig means the credentials step has not stored the admin
+// kubeconfig the bootstrap needs.
+var errNoAdminKubeconfig = errors.New("the admin kubeconfig is not issued yet")
+
+// forgetTenant is called when a tenant is gone.
+func (r *TenantControlPlaneReconciler) forgetTenant(uid types.UID) {
+	r.bootstrapper.forget(uid)
+}
+
+// bootstrapTenant applies the tenant-side objects and sets
+// TenantBootstrapped.
+func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, server string) error {
+	kubeconfig := cr.data[render.SecretAdminKubeconfig][apiary.KubeconfigKey]
+	caPEM := cr.data[render.SecretCA][render.KeyTLSCert]
+	if len(kubeconfig) == 0 || len(caPEM) == 0 {
+		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, errNoAdminKubeconfig.Error())
+		return errNoAdminKubeconfig
+	}
+	in := tenant.Inputs{TCP: tcp, Server: server, CACert: caPEM, ImageRepository: r.ImageRepository}
+	resync := r.BootstrapResync
+	if resync == 0 {
+		resync = DefaultBootstrapResync
+	}
+	res, err := r.bootstrapper.bootstrap(ctx, in, kubeconfig, r.Now(), resync)
+	if err != nil {
+		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, err.Error())
+		return err
+	}
+	if res.skipped {
+		return nil
+	}
+	msg := fmt.Sprintf("applied %d objects inside the tenant (%v)", res.applied, res.parts)
+	if res.removed > 0 {
+		msg += fmt.Sprintf("; removed %d objects of disabled addons", res.removed)
+	}
+	r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionTrue, ReasonApplied, msg)
+	return nil
+}

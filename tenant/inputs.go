@@ -1,0 +1,109 @@
+package tenant
+
+import (
+	"fmt"
+	"net"
+	"strings"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+// Versions of the addon images the operator deploys by default.
+const (
+	CoreDNSVersion      = "v1.15.0"
+	KonnectivityVersion = "v0.36.0"
+)
+
+// Ports of konnectivity-server in the control-plane pod. The agent port is
+// also a port of the tenant Service, on the API's address.
+const (
+	KonnectivityAgentPort  = 8132
+	KonnectivityAdminPort  = 8133
+	KonnectivityHealthPort = 8134
+)
+
+// KonnectivityAudience is the audience of the agents' ServiceAccount tokens,
+// which konnectivity-server checks with a TokenReview.
+const KonnectivityAudience = "system:konnectivity-server"
+
+// Labels on every object applied inside a tenant.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "apiary"
+	// LabelPart names the part an object belongs to (bootstrap or an
+	// addon), so that a disabled addon's objects can be found and removed.
+	LabelPart = "apiary.dev/part"
+)
+
+// Part is a group of objects that is applied or removed together.
+type Part string
+
+const (
+	PartBootstrap    Part = "bootstrap"
+	PartCoreDNS      Part = "coredns"
+	PartKubeProxy    Part = "kube-proxy"
+	PartKonnectivity Part = "konnectivity-agent"
+)
+
+// Parts lists every part in the order it is applied.
+var Parts = []Part{PartBootstrap, PartCoreDNS, PartKubeProxy, PartKonnectivity}
+
+// Inputs are what the objects inside a tenant depend on.
+type Inputs struct {
+	TCP *apiary.TenantControlPlane
+	// Server is the URL nodes and in-cluster components reach the tenant
+	// API at (the tenant Service's public endpoint).
+	Server string
+	// CACert is the PEM of the tenant's cluster CA.
+	CACert []byte
+	// ImageRepository replaces registry.k8s.io in addon images ("" keeps it).
+	ImageRepository string
+}
+
+// Enabled says whether a part is deployed for this tenant. The bootstrap is
+// always; addons are unless spec.addons.<name>.enabled is false.
+func (in Inputs) Enabled(p Part) bool {
+	a := in.TCP.Spec.Addons
+	var s apiary.AddonSpec
+	switch p {
+	case PartCoreDNS:
+		s = a.CoreDNS
+	case PartKubeProxy:
+		s = a.KubeProxy
+	case PartKonnectivity:
+		s = a.Konnectivity
+	default:
+		return true
+	}
+	return s.Enabled == nil || *s.Enabled
+}
+
+// serverHost is the host part of Server.
+func (in Inputs) serverHost() string {
+	hostPort := strings.TrimPrefix(in.Server, "https://")
+	if h, _, err := net.SplitHostPort(hostPort); err == nil {
+		return h
+	}
+	return hostPort
+}
+
+// controlPlaneEndpoint is Server without the scheme, as kubeadm writes it.
+func (in Inputs) controlPlaneEndpoint() string {
+	return strings.TrimPrefix(in.Server, "https://")
+}
+
+func (in Inputs) image(name, tag string) string {
+	repo := "registry.k8s.io"
+	if in.ImageRepository != "" {
+		repo = strings.TrimSuffix(in.ImageRepository, "/")
+	}
+	return fmt.Sprintf("%s/%s:%s", repo, name, tag)
+}
+
+func labels(p Part, extra map[string]string) map[string]string {
+	l := map[string]string{LabelManagedBy: ManagedBy, LabelPart: string(p)}
+	for k, v := range extra {
+		l[k] = v
+	}
+	return l
+}

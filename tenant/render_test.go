@@ -1,0 +1,140 @@
+package tenant
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/apiaryhq/apiary/internal/golden"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+const testCA = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+func fixture() Inputs {
+	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "0a1b2c3d-0000-4000-8000-000000000001"}}
+	tcp.Default()
+	return Inputs{TCP: tcp, Server: "https://192.0.2.10:6443", CACert: []byte(testCA)}
+}
+
+func TestPartsGolden(t *testing.T) {
+	for _, p := range Parts {
+		objs, err := Render(fixture(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		golden.YAML(t, string(p), objs)
+	}
+}
+
+func TestEveryObjectIsLabelledWithItsPart(t *testing.T) {
+	for _, p := range Parts {
+		objs, err := Render(fixture(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(objs) == 0 {
+			t.Fatalf("%s renders nothing", p)
+		}
+		for _, o := range objs {
+			if o.GetLabels()[LabelPart] != string(p) || o.GetLabels()[LabelManagedBy] != ManagedBy {
+				t.Errorf("%s %s: labels %v", o.GetKind(), o.GetName(), o.GetLabels())
+			}
+			if o.GetAPIVersion() == "" || o.GetKind() == "" || o.GetName() == "" {
+				t.Errorf("incomplete object %v", o.Object)
+			}
+		}
+	}
+}
+
+// kubeadm join reads the CA and the server from cluster-info.
+func TestClusterInfoIsAPublicKubeconfig(t *testing.T) {
+	objs, err := Render(fixture(), PartBootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := find(t, objs, "ConfigMap", "kube-public", "cluster-info")
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	cfg, err := clientcmd.Load([]byte(data["kubeconfig"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Clusters[""]
+	if c == nil || c.Server != "https://192.0.2.10:6443" || string(c.CertificateAuthorityData) != testCA {
+		t.Fatalf("cluster-info cluster: %+v", c)
+	}
+	if len(cfg.AuthInfos) != 0 {
+		t.Fatalf("cluster-info carries credentials: %v", cfg.AuthInfos)
+	}
+}
+
+func TestKubeletConfigFollowsTheNetwork(t *testing.T) {
+	in := fixture()
+	in.TCP.Spec.Network.DNSServiceIP = "10.96.0.53"
+	in.TCP.Spec.Network.ClusterDomain = "tenant.example"
+	objs, err := Render(in, PartBootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := find(t, objs, "ConfigMap", "kube-system", "kubelet-config")
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(data[KubeletConfigKey]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if dns := cfg["clusterDNS"].([]any); len(dns) != 1 || dns[0] != "10.96.0.53" || cfg["clusterDomain"] != "tenant.example" {
+		t.Fatalf("kubelet config: %v", cfg)
+	}
+}
+
+func TestAddonToggles(t *testing.T) {
+	in := fixture()
+	for _, p := range Parts {
+		if !in.Enabled(p) {
+			t.Errorf("%s disabled by default", p)
+		}
+	}
+	in.TCP.Spec.Addons.KubeProxy.Enabled = ptr.To(false)
+	if in.Enabled(PartKubeProxy) || !in.Enabled(PartCoreDNS) || !in.Enabled(PartBootstrap) {
+		t.Error("toggling kube-proxy off toggled something else")
+	}
+}
+
+func TestImageRepository(t *testing.T) {
+	in := fixture()
+	in.ImageRepository = "mirror.example/k8s/"
+	objs, err := Render(in, PartKonnectivity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := find(t, objs, "DaemonSet", "kube-system", "konnectivity-agent")
+	ctrs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	img := ctrs[0].(map[string]any)["image"].(string)
+	if img != "mirror.example/k8s/kas-network-proxy/proxy-agent:"+KonnectivityVersion {
+		t.Fatalf("image %s", img)
+	}
+	args := ctrs[0].(map[string]any)["args"].([]any)
+	var joined []string
+	for _, a := range args {
+		joined = append(joined, a.(string))
+	}
+	if !strings.Contains(strings.Join(joined, " "), "--proxy-server-host=192.0.2.10 ") {
+		t.Fatalf("agent args %v", joined)
+	}
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, ns, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetNamespace() == ns && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s/%s", kind, ns, name)
+	return nil
+}
