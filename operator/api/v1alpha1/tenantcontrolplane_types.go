@@ -199,7 +199,7 @@ const (
 	// ConditionTenantBootstrapped: the kubeadm-compatible bootstrap and the
 	// enabled addons are applied inside the tenant.
 	ConditionTenantBootstrapped = "TenantBootstrapped"
-	ConditionReady                 = "Ready"
+	ConditionReady              = "Ready"
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
 )
