@@ -465,8 +465,9 @@ func (s *suite) testProvisions(t *testing.T) {
 			t.Errorf("Secret %s missing", kind)
 		}
 	}
-	if len(st.Certificates) != 9 {
-		t.Errorf("status.certificates has %d entries, want 9: %+v", len(st.Certificates), st.Certificates)
+	// Every Secret holds a certificate but the service-account key pair.
+	if want := len(render.AllSecretKinds) - 1; len(st.Certificates) != want {
+		t.Errorf("status.certificates has %d entries, want %d: %+v", len(st.Certificates), want, st.Certificates)
 	}
 	for _, c := range st.Certificates {
 		if c.NotAfter.Time.Before(time.Now().Add(300 * 24 * time.Hour)) {
@@ -690,13 +691,23 @@ func (s *suite) runTenantAPIServer(t *testing.T, dep *appsv1.Deployment) func() 
 		if v.Name != ctr.VolumeMounts[0].Name {
 			continue
 		}
-		for _, src := range v.Projected.Sources {
-			var sec corev1.Secret
-			s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.Secret.Name}, &sec))
-			for _, item := range src.Secret.Items {
+		write := func(items []corev1.KeyToPath, data func(key string) []byte) {
+			for _, item := range items {
 				path := filepath.Join(dir, item.Path)
 				s.must(os.MkdirAll(filepath.Dir(path), 0o700))
-				s.must(os.WriteFile(path, sec.Data[item.Key], 0o600))
+				s.must(os.WriteFile(path, data(item.Key), 0o600))
+			}
+		}
+		for _, src := range v.Projected.Sources {
+			switch {
+			case src.Secret != nil:
+				var sec corev1.Secret
+				s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.Secret.Name}, &sec))
+				write(src.Secret.Items, func(k string) []byte { return sec.Data[k] })
+			case src.ConfigMap != nil:
+				var cm corev1.ConfigMap
+				s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.ConfigMap.Name}, &cm))
+				write(src.ConfigMap.Items, func(k string) []byte { return []byte(cm.Data[k]) })
 			}
 		}
 	}

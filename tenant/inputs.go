@@ -22,6 +22,14 @@ const (
 	KonnectivityHealthPort = 8134
 )
 
+// KonnectivityAgentServiceAccount is the agents' ServiceAccount in
+// kube-system; konnectivity-server only accepts its tokens.
+const KonnectivityAgentServiceAccount = "konnectivity-agent"
+
+// KonnectivityLeaseLabel selects the leases konnectivity-servers publish in
+// kube-system; agents count them to know how many servers to connect to.
+const KonnectivityLeaseLabel = "k8s-app=konnectivity-server"
+
 // KonnectivityAudience is the audience of the agents' ServiceAccount tokens,
 // which konnectivity-server checks with a TokenReview.
 const KonnectivityAudience = "system:konnectivity-server"

@@ -14,17 +14,25 @@ func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
 
 const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// kubeProxy is kubeadm's kube-proxy: a DaemonSet in iptables mode on every
-// node, reaching the tenant API at its public endpoint with its
-// ServiceAccount token (there is no Service VIP before kube-proxy runs).
-func kubeProxy(in Inputs) ([]any, error) {
-	p := PartKubeProxy
+// serviceAccountKubeconfig reaches the tenant API at its public endpoint
+// with the pod's ServiceAccount token: for host-network pods that run before
+// (or without) the kubernetes Service working.
+func serviceAccountKubeconfig(in Inputs) (string, error) {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["default"] = &clientcmdapi.Cluster{Server: in.Server, CertificateAuthority: saDir + "/ca.crt"}
 	kc.AuthInfos["default"] = &clientcmdapi.AuthInfo{TokenFile: saDir + "/token"}
 	kc.Contexts["default"] = &clientcmdapi.Context{Cluster: "default", AuthInfo: "default", Namespace: "default"}
 	kc.CurrentContext = "default"
-	kubeconfig, err := clientcmd.Write(*kc)
+	b, err := clientcmd.Write(*kc)
+	return string(b), err
+}
+
+// kubeProxy is kubeadm's kube-proxy: a DaemonSet in iptables mode on every
+// node, reaching the tenant API at its public endpoint with its
+// ServiceAccount token (there is no Service VIP before kube-proxy runs).
+func kubeProxy(in Inputs) ([]any, error) {
+	p := PartKubeProxy
+	kubeconfig, err := serviceAccountKubeconfig(in)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +78,7 @@ func kubeProxy(in Inputs) ([]any, error) {
 	objs := []any{
 		serviceAccount(p, "kube-system", "kube-proxy"),
 		clusterRoleBinding(p, "kubeadm:node-proxier", "system:node-proxier", serviceAccountSubject("kube-system", "kube-proxy")),
-		configMap(p, "kube-system", "kube-proxy", map[string]string{"config.conf": config, "kubeconfig.conf": string(kubeconfig)}),
+		configMap(p, "kube-system", "kube-proxy", map[string]string{"config.conf": config, "kubeconfig.conf": kubeconfig}),
 	}
 	// kubeadm join reads the kube-proxy ConfigMap with the bootstrap token.
 	objs = append(objs, getConfigMapRole(p, "kube-system", "kube-proxy", "kube-proxy", group(NodeBootstrapTokenGroup))...)

@@ -23,7 +23,7 @@ func Render(in Inputs, p Part) ([]*unstructured.Unstructured, error) {
 	case PartKubeProxy:
 		objs, err = kubeProxy(in)
 	case PartKonnectivity:
-		objs = konnectivityAgent(in)
+		objs, err = konnectivityAgent(in)
 	default:
 		return nil, fmt.Errorf("unknown part %q", p)
 	}
@@ -55,10 +55,14 @@ func serviceAccount(p Part, ns, name string) *corev1ac.ServiceAccountApplyConfig
 func getConfigMapRole(p Part, ns, name, configMap string, subjects ...*rbacv1ac.SubjectApplyConfiguration) []any {
 	role := rbacv1ac.Role(name, ns).WithLabels(labels(p, nil)).WithRules(
 		rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").WithResourceNames(configMap).WithVerbs("get"))
-	binding := rbacv1ac.RoleBinding(name, ns).WithLabels(labels(p, nil)).
+	return []any{role, roleBinding(p, ns, name, subjects...)}
+}
+
+// roleBinding binds the Role of the same name.
+func roleBinding(p Part, ns, name string, subjects ...*rbacv1ac.SubjectApplyConfiguration) *rbacv1ac.RoleBindingApplyConfiguration {
+	return rbacv1ac.RoleBinding(name, ns).WithLabels(labels(p, nil)).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(name)).
 		WithSubjects(subjects...)
-	return []any{role, binding}
 }
 
 func clusterRoleBinding(p Part, name, clusterRole string, subjects ...*rbacv1ac.SubjectApplyConfiguration) *rbacv1ac.ClusterRoleBindingApplyConfiguration {

@@ -115,6 +115,23 @@ func (e *Env) installChart() {
 		"--set", "defaultDataStore.managed.storage.emptyDir=true",
 		"--wait", "--timeout", "5m")
 	e.T.Logf("helm install: %s", time.Since(start).Round(time.Millisecond))
+	// helm --wait returns when the new pods are ready; a replaced operator
+	// keeps reconciling while it drains, and would render tenants with the
+	// old code. Wait until only the new pods are left.
+	e.Eventually("only the new operator pods", 2*time.Minute, func() error {
+		var pods corev1.PodList
+		if err := e.C.List(e.Ctx, &pods, client.InNamespace(SystemNS), client.MatchingLabels{
+			"app.kubernetes.io/name": "apiary", "app.kubernetes.io/instance": Release, "app.kubernetes.io/component": "operator",
+		}); err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.Annotations["apiary.dev/image-digest"] != digest || !p.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("operator pod %s still running the previous image", p.Name)
+			}
+		}
+		return nil
+	})
 	// helm --wait sees the operator pods ready; the webhook Service may take
 	// a moment more to route to them.
 	e.Eventually("the webhooks answer", time.Minute, func() error {

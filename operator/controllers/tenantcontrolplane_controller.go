@@ -111,6 +111,7 @@ type TenantControlPlaneReconciler struct {
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -295,7 +296,10 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	r.setCondition(tcp, apiary.ConditionCertificatesReady, metav1.ConditionTrue, ReasonIssued, fmt.Sprintf("%d Secrets hold valid credentials", len(render.AllSecretKinds)))
 	r.recordIssued(tcp, cr)
 
-	// 5. Deployment.
+	// 5. Deployment, and the non-secret files it mounts.
+	if err := r.konnectivityConfigMap(ctx, tcp); err != nil {
+		return ctrl.Result{}, err
+	}
 	mounted := map[string]map[string][]byte{}
 	for _, kind := range render.MountedSecrets {
 		mounted[string(kind)] = cr.data[kind]
@@ -319,6 +323,18 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 
 	// 6. Ready: everything above, and the API answering through its endpoint.
 	return r.observeReady(ctx, tcp, cr, ca, ep), nil
+}
+
+// konnectivityConfigMap applies the egress selector configuration the API
+// server mounts, or removes it when konnectivity is off.
+func (r *TenantControlPlaneReconciler) konnectivityConfigMap(ctx context.Context, tcp *apiary.TenantControlPlane) error {
+	if render.KonnectivityEnabled(tcp) {
+		if err := r.Client.Apply(ctx, render.KonnectivityConfigMap(tcp), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying ConfigMap %s: %w", render.KonnectivityConfigMapName(tcp), err)
+		}
+		return nil
+	}
+	return r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tcp.Namespace, Name: render.KonnectivityConfigMapName(tcp)}})
 }
 
 // issueBase issues the CAs, the service-account key, the client
@@ -358,6 +374,10 @@ func (r *TenantControlPlaneReconciler) issueBase(ctx context.Context, tcp *apiar
 		kubeconfig{key: apiary.KubeconfigKey, server: loopback}); err != nil {
 		return nil, err
 	}
+	if err := cr.kubeconfigs(ctx, render.SecretKonnectivityKubeconfig, ca, render.ClientCertRequest(render.KonnectivityCN), "konnectivity-server-client",
+		kubeconfig{key: apiary.KubeconfigKey, server: loopback}); err != nil {
+		return nil, err
+	}
 	return ca, nil
 }
 
@@ -365,6 +385,9 @@ func (r *TenantControlPlaneReconciler) issueBase(ctx context.Context, tcp *apiar
 // kubeconfigs, which name the endpoint.
 func (r *TenantControlPlaneReconciler) issueEndpointBound(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ca *pki.KeyPair, ep render.Endpoint) error {
 	if err := cr.leaf(ctx, render.SecretAPIServer, ca, render.APIServerCertRequest(tcp, ep, r.ClusterDomain), nil); err != nil {
+		return err
+	}
+	if err := cr.leaf(ctx, render.SecretKonnectivityServer, ca, render.KonnectivityServerCertRequest(tcp, ep, r.ClusterDomain), nil); err != nil {
 		return err
 	}
 	return cr.kubeconfigs(ctx, render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.MastersGroup), "admin",
@@ -733,6 +756,9 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		}
 	}
 	if err := r.deleteOwned(ctx, tcp, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: render.ServiceName(tcp), Namespace: tcp.Namespace}}); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.KonnectivityConfigMapName(tcp), Namespace: tcp.Namespace}}); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Delete the Secrets explicitly rather than leave them to the garbage

@@ -78,7 +78,7 @@ func flags(defaults, extra map[string]string) []string {
 func APIServerArgs(in Inputs) []string {
 	s := in.TCP.Spec
 	port := strconv.Itoa(int(s.Network.Port))
-	return flags(map[string]string{
+	defaults := map[string]string{
 		"advertise-address":           in.AdvertiseAddress,
 		"allow-privileged":            "true",
 		"authorization-mode":          "Node,RBAC",
@@ -117,7 +117,11 @@ func APIServerArgs(in Inputs) []string {
 		"service-cluster-ip-range":         s.Network.ServiceCIDR,
 		"tls-cert-file":                    pathAPIServerCert,
 		"tls-private-key-file":             pathAPIServerKey,
-	}, s.APIServer.ExtraArgs)
+	}
+	if KonnectivityEnabled(in.TCP) {
+		defaults["egress-selector-config-file"] = pathEgressSelectorConfig
+	}
+	return flags(defaults, s.APIServer.ExtraArgs)
 }
 
 // ControllerManagerArgs is the kube-controller-manager command line. It

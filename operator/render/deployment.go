@@ -51,6 +51,7 @@ var MountedSecrets = []SecretKind{
 	SecretCA, SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyCA,
 	SecretFrontProxyClient, SecretServiceAccount, SecretDataStoreClient,
 	SecretControllerManagerConfig, SecretSchedulerConfig,
+	SecretKonnectivityServer, SecretKonnectivityKubeconfig,
 }
 
 func image(in Inputs, component string) string {
@@ -77,7 +78,7 @@ const rel = len(kubernetesDir) + 1
 // API server never gets the CA keys; the controller-manager gets the cluster
 // CA key (it signs kubelet certificates) but no serving or etcd credentials.
 func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
-	return projectedVolume(containerAPIServer,
+	v := projectedVolume(containerAPIServer,
 		secretItems(tcp, SecretCA, KeyTLSCert, pathCACert[rel:]),
 		secretItems(tcp, SecretAPIServer, KeyTLSCert, pathAPIServerCert[rel:], KeyTLSKey, pathAPIServerKey[rel:]),
 		secretItems(tcp, SecretAPIServerKubeletClient, KeyTLSCert, pathKubeletClientCert[rel:], KeyTLSKey, pathKubeletClientKey[rel:]),
@@ -86,6 +87,12 @@ func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfig
 		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:], KeySAPub, pathSAPub[rel:]),
 		secretItems(tcp, SecretDataStoreClient, KeyCACert, pathEtcdCACert[rel:], KeyTLSCert, pathEtcdClientCert[rel:], KeyTLSKey, pathEtcdClientKey[rel:]),
 	)
+	if KonnectivityEnabled(tcp) {
+		v.Projected.WithSources(corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().
+			WithName(KonnectivityConfigMapName(tcp)).
+			WithItems(corev1ac.KeyToPath().WithKey(KeyEgressSelectorConfig).WithPath(pathEgressSelectorConfig[rel:]))))
+	}
+	return v
 }
 
 func controllerManagerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
@@ -116,6 +123,7 @@ var defaultRequests = map[string]corev1.ResourceList{
 	containerAPIServer:         {corev1.ResourceCPU: resource.MustParse("25m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
 	containerControllerManager: {corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("96Mi")},
 	containerScheduler:         {corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("48Mi")},
+	containerKonnectivity:      {corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 }
 
 func resources(component string, spec apiary.ComponentSpec) *corev1ac.ResourceRequirementsApplyConfiguration {
@@ -190,9 +198,20 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 	podLabels := maps.Clone(Labels(tcp))
 	maps.Copy(podLabels, selector)
 
+	containers := []*corev1ac.ContainerApplyConfiguration{apiServer, controllerManager, scheduler}
+	volumes := []*corev1ac.VolumeApplyConfiguration{apiServerVolume(tcp), controllerManagerVolume(tcp), schedulerVolume(tcp)}
+	if KonnectivityEnabled(tcp) {
+		// The API server dials konnectivity-server's socket on a volume
+		// they share.
+		apiServer.WithVolumeMounts(corev1ac.VolumeMount().WithName(volumeSocket).WithMountPath(socketDir))
+		containers = append(containers, konnectivityContainer(in))
+		volumes = append(volumes, konnectivityVolume(tcp),
+			corev1ac.Volume().WithName(volumeSocket).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
+	}
+
 	pod := corev1ac.PodSpec().
-		WithContainers(apiServer, controllerManager, scheduler).
-		WithVolumes(apiServerVolume(tcp), controllerManagerVolume(tcp), schedulerVolume(tcp)).
+		WithContainers(containers...).
+		WithVolumes(volumes...).
 		// The pod never talks to the management cluster's API.
 		WithAutomountServiceAccountToken(false).
 		WithEnableServiceLinks(false).

@@ -40,6 +40,8 @@ const (
 	SecretAdminKubeconfig         SecretKind = "admin-kubeconfig"
 	SecretControllerManagerConfig SecretKind = "controller-manager-kubeconfig"
 	SecretSchedulerConfig         SecretKind = "scheduler-kubeconfig"
+	SecretKonnectivityServer      SecretKind = "konnectivity-server"
+	SecretKonnectivityKubeconfig  SecretKind = "konnectivity-server-kubeconfig"
 )
 
 // AllSecretKinds lists every Secret of a tenant, in the order they are
@@ -48,6 +50,7 @@ var AllSecretKinds = []SecretKind{
 	SecretCA, SecretFrontProxyCA, SecretServiceAccount, SecretDataStoreClient,
 	SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyClient,
 	SecretAdminKubeconfig, SecretControllerManagerConfig, SecretSchedulerConfig,
+	SecretKonnectivityServer, SecretKonnectivityKubeconfig,
 }
 
 // Keys inside the Secrets.

@@ -23,6 +23,9 @@ func Service(tcp *apiary.TenantControlPlane) *corev1ac.ServiceApplyConfiguration
 			WithProtocol(corev1.ProtocolTCP).
 			WithPort(n.Port).
 			WithTargetPort(intstr.FromString("https")))
+	if KonnectivityEnabled(tcp) {
+		spec.WithPorts(konnectivityServicePort())
+	}
 	svc := corev1ac.Service(ServiceName(tcp), tcp.Namespace).
 		WithLabels(Labels(tcp)).
 		WithOwnerReferences(OwnerReference(tcp))
