@@ -1,9 +1,9 @@
 package tenant
 
 import (
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 )
 
