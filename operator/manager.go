@@ -159,6 +159,15 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up TenantControlPlane controller: %w", err)
 	}
+	if err := (&controllers.HostReconciler{
+		Client:                  mgr.GetClient(),
+		APIReader:               mgr.GetAPIReader(),
+		Recorder:                mgr.GetEventRecorder("apiary-host"),
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+	}).SetupWithManager(mgr); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("setting up Host controller: %w", err)
+	}
 	if opts.Webhooks && opts.WebhookCertSecret != "" {
 		certs, err := webhookCertManager(cfg, scheme, opts)
 		if err != nil {
@@ -182,6 +191,10 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 	}
 	if opts.Webhooks {
 		if err := (webhooks.TenantControlPlane{}).Setup(mgr); err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("setting up webhooks: %w", err)
+		}
+		if err := (webhooks.Host{}).Setup(mgr); err != nil {
 			pool.Close()
 			return nil, nil, fmt.Errorf("setting up webhooks: %w", err)
 		}

@@ -86,6 +86,7 @@ context, and -n a namespace (default: the context's namespace, else "default").`
 	root.AddCommand(
 		cli.NewStatusCommand(flags),
 		cli.NewKubeconfigCommand(flags),
+		cli.NewHostCommand(flags),
 		cli.NewVersionCommand(version),
 		newOperatorCommand(), // cmd/apiary/operator.go
 	)

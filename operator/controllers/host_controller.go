@@ -1,0 +1,285 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/apiaryhq/apiary/hosts"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+// Host step names and results in status.journal.
+const (
+	StepPreflight = "preflight"
+
+	StepRunning   = "Running"
+	StepSucceeded = "Succeeded"
+	StepFailed    = "Failed"
+)
+
+// Reasons of Host conditions besides those of package hosts.
+const (
+	ReasonConnected       = "Connected"
+	ReasonSecretNotFound  = "SecretNotFound"
+	ReasonPreflightPassed = "Passed"
+	ReasonPreflightFailed = "PreflightFailed"
+	ReasonNotConnected    = "NotConnected"
+)
+
+// Host retries back off from hostRetryBase, doubling to hostRetryMax: a
+// host that is down or misconfigured is tried a few times a minute at
+// first, then every few minutes, never in a hot loop.
+const (
+	hostRetryBase = 10 * time.Second
+	hostRetryMax  = 5 * time.Minute
+)
+
+// HostReconciler is the SSH host agent: it connects to each Host with its
+// pinned host key and runs the steps that turn it into a Node, journaling
+// each in status so that it resumes after a restart.
+type HostReconciler struct {
+	Client client.Client
+	// APIReader reads the users' SSH key Secrets, which the operator does
+	// not cache.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// MaxConcurrentReconciles bounds the hosts worked on at once (4 if 0).
+	MaxConcurrentReconciles int
+	// Now is the clock.
+	Now func() time.Time
+
+	statuses statusMemo[apiary.HostStatus]
+}
+
+// +kubebuilder:rbac:groups=apiary.dev,resources=hosts,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=apiary.dev,resources=hosts/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apiary.dev,resources=hosts/finalizers,verbs=update
+
+// SetupWithManager registers the controller. Only spec changes trigger it;
+// retries are timed by the journal's backoff.
+func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	n := r.MaxConcurrentReconciles
+	if n <= 0 {
+		n = 4
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: n}).
+		Complete(r)
+}
+
+// Reconcile advances one Host by at most one step.
+func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var orig apiary.Host
+	if err := r.Client.Get(ctx, req.NamespacedName, &orig); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if !orig.DeletionTimestamp.IsZero() {
+		r.statuses.forget(orig.UID)
+		return ctrl.Result{}, nil
+	}
+	h := orig.DeepCopy()
+	// Work from the status this operator last wrote: the cache may lag.
+	base := r.statuses.base(h.UID, orig.ResourceVersion, orig.Status)
+	h.Status = *base.DeepCopy()
+	st := &h.Status
+	st.HostKeyCheck = "pinned"
+	if h.Spec.InsecureSkipHostKeyCheck {
+		st.HostKeyCheck = "skipped (insecureSkipHostKeyCheck)"
+	}
+
+	// A changed spec (a fixed key, another port) re-runs preflight now.
+	specChanged := st.ObservedGeneration != h.Generation
+	st.ObservedGeneration = h.Generation
+	step := journalStep(st, StepPreflight)
+	if step != nil && step.Result == StepSucceeded && !specChanged {
+		return ctrl.Result{}, r.writeStatus(ctx, &orig, h)
+	}
+	if step != nil && step.Result == StepFailed && !specChanged && step.Finished != nil {
+		if wait := r.retryAfter(step); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
+		}
+	}
+	if specChanged && step != nil {
+		step.Attempts = 0
+	}
+
+	res := r.preflight(ctx, h)
+	if err := r.writeStatus(ctx, &orig, h); err != nil {
+		return ctrl.Result{}, err
+	}
+	return res, nil
+}
+
+// preflight connects and checks the host, recording the step.
+func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host) ctrl.Result {
+	st := &h.Status
+	now := metav1.NewTime(r.Now())
+	step := journalStep(st, StepPreflight)
+	if step == nil {
+		st.Journal = append(st.Journal, apiary.HostStep{Name: StepPreflight})
+		step = &st.Journal[len(st.Journal)-1]
+	}
+	step.Started, step.Finished, step.Result, step.Message = now, nil, StepRunning, ""
+	step.Attempts++
+	st.Phase = apiary.HostPhasePreflight
+
+	fail := func(cond, reason, msg string) ctrl.Result {
+		finished := metav1.NewTime(r.Now())
+		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
+		st.Phase = apiary.HostPhaseFailed
+		r.setCondition(h, cond, metav1.ConditionFalse, reason, msg)
+		if cond == apiary.HostConditionReachable {
+			r.setCondition(h, apiary.HostConditionPreflightPassed, metav1.ConditionFalse, ReasonNotConnected, "preflight needs an SSH connection")
+		}
+		log.FromContext(ctx).Info("host step failed", "step", StepPreflight, "reason", reason, "message", msg, "attempt", step.Attempts)
+		return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+	}
+
+	target, reason, err := r.target(ctx, h)
+	if err != nil {
+		return fail(apiary.HostConditionReachable, reason, err.Error())
+	}
+	c, err := hosts.Dial(ctx, target)
+	if err != nil {
+		return fail(apiary.HostConditionReachable, hosts.ReasonOf(err), err.Error())
+	}
+	defer c.Close()
+	r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionTrue, ReasonConnected,
+		fmt.Sprintf("%s@%s:%d over SSH, host key %s", target.User, target.Address, target.Port, st.HostKeyCheck))
+
+	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	report, err := hosts.Preflight(runCtx, c)
+	if err != nil {
+		return fail(apiary.HostConditionPreflightPassed, ReasonPreflightFailed, err.Error())
+	}
+	st.Facts = &report.Facts
+	if len(report.Problems) > 0 {
+		return fail(apiary.HostConditionPreflightPassed, ReasonPreflightFailed, strings.Join(report.Problems, "; "))
+	}
+	finished := metav1.NewTime(r.Now())
+	step.Finished, step.Result = &finished, StepSucceeded
+	step.Message = fmt.Sprintf("%s, %s, kernel %s, %s %s", report.Facts.OS, report.Facts.Arch, report.Facts.Kernel,
+		report.Facts.ContainerRuntime, report.Facts.ContainerRuntimeVersion)
+	r.setCondition(h, apiary.HostConditionPreflightPassed, metav1.ConditionTrue, ReasonPreflightPassed, "the host can run a kubelet: "+step.Message)
+	// Installing and joining come next; until then the host waits here.
+	st.Phase = apiary.HostPhasePreflight
+	return ctrl.Result{}
+}
+
+// target resolves how to reach the host: its SSH key from the Secret.
+func (r *HostReconciler) target(ctx context.Context, h *apiary.Host) (hosts.Target, string, error) {
+	var sec corev1.Secret
+	key := client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.SSHKeySecretRef.Name}
+	if err := r.APIReader.Get(ctx, key, &sec); err != nil {
+		if apierrors.IsNotFound(err) {
+			return hosts.Target{}, ReasonSecretNotFound, fmt.Errorf("spec.sshKeySecretRef: Secret %s not found", key)
+		}
+		return hosts.Target{}, ReasonSecretNotFound, fmt.Errorf("reading Secret %s: %w", key, err)
+	}
+	pk := sec.Data[apiary.SSHPrivateKeyKey]
+	if len(pk) == 0 {
+		return hosts.Target{}, hosts.ReasonInvalidPrivateKey, fmt.Errorf("spec.sshKeySecretRef: Secret %s has no %q key", key, apiary.SSHPrivateKeyKey)
+	}
+	t := hosts.Target{
+		Address:                  h.Spec.Address,
+		Port:                     int(h.Spec.Port),
+		User:                     h.Spec.User,
+		PrivateKey:               pk,
+		HostKey:                  h.Spec.HostKey,
+		InsecureSkipHostKeyCheck: h.Spec.InsecureSkipHostKeyCheck,
+	}
+	if t.Port == 0 {
+		t.Port = 22
+	}
+	if t.User == "" {
+		t.User = "root"
+	}
+	return t, "", nil
+}
+
+// retryAfter is how long after a failed step's end the next attempt
+// starts: 10 s, 20 s, 40 s ... up to 5 minutes.
+func (r *HostReconciler) retryAfter(step *apiary.HostStep) time.Duration {
+	wait := hostRetryBase
+	for i := int32(1); i < step.Attempts && wait < hostRetryMax; i++ {
+		wait *= 2
+	}
+	wait = min(wait, hostRetryMax)
+	if step.Finished == nil {
+		return wait
+	}
+	return max(step.Finished.Add(wait).Sub(r.Now()), 0)
+}
+
+func journalStep(st *apiary.HostStatus, name string) *apiary.HostStep {
+	for i := range st.Journal {
+		if st.Journal[i].Name == name {
+			return &st.Journal[i]
+		}
+	}
+	return nil
+}
+
+func (r *HostReconciler) setCondition(h *apiary.Host, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&h.Status.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: h.Generation,
+	})
+}
+
+// writeStatus patches the status when it changed and emits one event per
+// condition transition.
+func (r *HostReconciler) writeStatus(ctx context.Context, orig, h *apiary.Host) error {
+	base := r.statuses.base(orig.UID, orig.ResourceVersion, orig.Status)
+	if equality.Semantic.DeepEqual(base, h.Status) {
+		return nil
+	}
+	for _, c := range h.Status.Conditions {
+		old := meta.FindStatusCondition(base.Conditions, c.Type)
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+			continue
+		}
+		typ := corev1.EventTypeNormal
+		if c.Status != metav1.ConditionTrue {
+			typ = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(h, nil, typ, c.Reason, c.Type, "%s", c.Message)
+	}
+	patch := client.MergeFrom(orig.DeepCopy())
+	updated := orig.DeepCopy()
+	updated.Status = h.Status
+	if err := r.Client.Status().Patch(ctx, updated, patch, client.FieldOwner(FieldOwner)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if apierrors.IsConflict(err) {
+			return errors.Join(errCacheBehind, err)
+		}
+		return fmt.Errorf("writing status: %w", err)
+	}
+	r.statuses.remember(h.UID, updated.ResourceVersion, *h.Status.DeepCopy())
+	return nil
+}
