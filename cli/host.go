@@ -240,7 +240,7 @@ so removing a Host removes the object; draining the Node, kubeadm reset and
 deleting the Node come with installing and joining.`,
 		Example: `  apiary host remove node-1 -n team-a
   apiary host remove node-1 -n team-a --wait 10m`,
-		Args:  exactlyOneHostName,
+		Args: exactlyOneHostName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ns, err := flags.ResolveNamespace()
 			if err != nil {
@@ -291,7 +291,7 @@ Node, address, age and, for a Host that is not fine, the first condition that
 is not True with its message.`,
 		Example: `  apiary host list -n team-a
   apiary host list -A`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ns := ""
 			if !all {

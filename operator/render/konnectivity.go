@@ -124,7 +124,7 @@ func konnectivityContainer(in Inputs) *corev1ac.ContainerApplyConfiguration {
 	}
 	return corev1ac.Container().
 		WithName(containerKonnectivity).
-		WithImage(repo + "/kas-network-proxy/proxy-server:" + tenant.KonnectivityVersion).
+		WithImage(repo+"/kas-network-proxy/proxy-server:"+tenant.KonnectivityVersion).
 		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithCommand("/proxy-server").
 		WithArgs(KonnectivityServerArgs(in)...).
