@@ -37,7 +37,16 @@ const (
 	// EtcdImageTag is the tag of registry.k8s.io/etcd for EtcdVersion, as
 	// kubeadm names it.
 	EtcdImageTag = "3.6.16-0"
+	CNIVersion   = "v1.10.0"
 )
+
+// NodeBundleRepository holds one node bundle per Kubernetes version (the
+// tag): kubelet, kubeadm and kubectl in /usr/bin and the CNI plugins in
+// /opt/cni/bin.
+const NodeBundleRepository = "ghcr.io/apiaryhq/node-bundle"
+
+// CNIPlugins are the CNI plugins in the node bundle.
+var CNIPlugins = []string{"bridge", "host-local", "loopback", "portmap", "firewall"}
 
 // The image config's PATH, as in the distroless images upstream builds on.
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -203,6 +212,25 @@ func All(cacheDir, apiaryVersion string) []Image {
 		Layers: []Layer{{Name: "metallb controller", Files: []File{
 			bin(cacheDir, "metallb-"+MetalLBVersion, "controller", "/controller"),
 		}}},
+	})
+	// The node bundle is what the SSH host agent installs on a host: the
+	// node binaries of one Kubernetes version and the CNI plugins, copied
+	// out of the image (it is never run).
+	cni := "cni-" + CNIVersion
+	var cniFiles []File
+	for _, p := range CNIPlugins {
+		cniFiles = append(cniFiles, bin(cacheDir, cni, p, "/opt/cni/bin/"+p))
+	}
+	out = append(out, Image{
+		Ref: NodeBundleRepository + ":" + KubeVersion,
+		Layers: []Layer{
+			{Name: "kubelet, kubeadm, kubectl", Files: []File{
+				bin(cacheDir, kube, "kubelet", "/usr/bin/kubelet"),
+				bin(cacheDir, kube, "kubeadm", "/usr/bin/kubeadm"),
+				bin(cacheDir, kube, "kubectl", "/usr/bin/kubectl"),
+			}},
+			{Name: "CNI plugins", Files: cniFiles},
+		},
 	})
 	apiary := filepath.Join(cacheDir, "bin", "apiary-"+apiaryVersion, "apiary")
 	out = append(out, Image{

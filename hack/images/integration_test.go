@@ -355,6 +355,9 @@ func TestImagesRun(t *testing.T) {
 	ctx := context.Background()
 	for _, im := range All(DefaultCacheDir(), "v0.0.0-test") {
 		short := im.Name()[strings.LastIndex(im.Name(), "/")+1:]
+		if len(im.Entrypoint) == 0 {
+			continue // the node bundle is never run: TestNodeBundle
+		}
 		t.Run(short, func(t *testing.T) {
 			c, ok := checks[short]
 			if !ok {
@@ -528,4 +531,46 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	if err != nil || !strings.Contains(out, imgs[0].Ref) {
 		t.Errorf("after import, images: %s (%v)", out, err)
 	}
+}
+
+// The node bundle holds static, version-stamped node binaries and the CNI
+// plugins at the paths the host agent installs them to.
+func TestNodeBundle(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("chroot needs root: the image tests run as root, as make test does")
+	}
+	imgs, err := Select(All(DefaultCacheDir(), "v0.0.0-test"), NodeBundleRepository+":"+KubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	needBinaries(t, imgs)
+	img, err := Build(context.Background(), imgs[0], t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	extract(t, img, root)
+	run := func(env []string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("chroot", append([]string{root}, args...)...)
+		cmd.Env = append([]string{defaultPath, "HOME=/"}, env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("chroot %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	for _, c := range [][]string{{"/usr/bin/kubelet", "--version"}, {"/usr/bin/kubeadm", "version", "-o", "short"}, {"/usr/bin/kubectl", "version", "--client"}} {
+		if out := run(nil, c...); !strings.Contains(out, KubeVersion) {
+			t.Errorf("%s: %q, want %s", strings.Join(c, " "), out, KubeVersion)
+		}
+	}
+	for _, p := range CNIPlugins {
+		if out := run([]string{"CNI_COMMAND=VERSION"}, "/opt/cni/bin/"+p); !strings.Contains(out, "cniVersion") {
+			t.Errorf("CNI plugin %s VERSION: %q", p, out)
+		}
+	}
+	d, _ := img.Digest()
+	size, _ := imageSize(img)
+	t.Logf("%s %s (%.1f MB)", imgs[0].Ref, d, float64(size)/1e6)
 }
