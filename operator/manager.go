@@ -54,8 +54,13 @@ type Options struct {
 	WebhookMutatingConfiguration   string
 	WebhookValidatingConfiguration string
 	ImageRepository                string
-	ClusterDomain                  string
-	MaxConcurrentReconciles        int
+	// NodeBundleRepository holds the node bundles the host agent installs,
+	// tagged with the Kubernetes version; NodeBundleInsecure reaches it over
+	// plain HTTP.
+	NodeBundleRepository    string
+	NodeBundleInsecure      bool
+	ClusterDomain           string
+	MaxConcurrentReconciles int
 	// ResyncPeriod re-reconciles every object this often even without
 	// changes (0: controller-runtime's default of about 10 hours).
 	ResyncPeriod time.Duration
@@ -76,6 +81,7 @@ func DefaultOptions() Options {
 		Webhooks:                true,
 		WebhookPort:             9443,
 		ClusterDomain:           "cluster.local",
+		NodeBundleRepository:    controllers.DefaultNodeBundleRepository,
 		MaxConcurrentReconciles: 4,
 		DataStoreCheckInterval:  controllers.DefaultDataStoreCheckInterval,
 		ShutdownDelay:           5 * time.Second,
@@ -163,6 +169,8 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		Client:                  mgr.GetClient(),
 		APIReader:               mgr.GetAPIReader(),
 		Recorder:                mgr.GetEventRecorder("apiary-host"),
+		NodeBundleRepository:    opts.NodeBundleRepository,
+		NodeBundleInsecure:      opts.NodeBundleInsecure,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 	}).SetupWithManager(mgr); err != nil {
 		pool.Close()

@@ -70,6 +70,8 @@ $KUBECONFIG or ~/.kube/config. Run several replicas with --leader-elect.`,
 	f.Float32Var(&qps, "kube-api-qps", qps, "client-side limit of requests per second to the management API server (-1: none, rely on API priority and fairness)")
 	f.IntVar(&burst, "kube-api-burst", burst, "client-side burst of requests to the management API server (with --kube-api-qps > 0)")
 	f.DurationVar(&opts.ShutdownDelay, "shutdown-delay", opts.ShutdownDelay, "on SIGTERM, keep serving this long with /readyz failing, so that webhook calls stop arriving before the server closes")
+	f.StringVar(&opts.NodeBundleRepository, "node-bundle-repository", opts.NodeBundleRepository, "repository of the node bundles (kubelet, kubeadm, kubectl, CNI plugins) the host agent installs, tagged by Kubernetes version")
+	f.BoolVar(&opts.NodeBundleInsecure, "node-bundle-insecure", opts.NodeBundleInsecure, "pull node bundles over plain HTTP (a local registry)")
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", opts.MaxConcurrentReconciles, "tenants reconciled in parallel")
 	gofs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	logOpts.BindFlags(gofs)

@@ -27,6 +27,7 @@ import (
 // Host step names and results in status.journal.
 const (
 	StepPreflight = "preflight"
+	StepInstall   = "install"
 
 	StepRunning   = "Running"
 	StepSucceeded = "Succeeded"
@@ -40,7 +41,15 @@ const (
 	ReasonPreflightPassed = "Passed"
 	ReasonPreflightFailed = "PreflightFailed"
 	ReasonNotConnected    = "NotConnected"
+	ReasonTenantNotFound  = "TenantNotFound"
+	ReasonInstalled       = "Installed"
+	ReasonInstallFailed   = "InstallFailed"
+	ReasonJoinPending     = "JoinNotImplemented"
 )
+
+// DefaultNodeBundleRepository is where node bundles are pulled from, tagged
+// by Kubernetes version.
+const DefaultNodeBundleRepository = "ghcr.io/apiaryhq/node-bundle"
 
 // Host retries back off from hostRetryBase, doubling to hostRetryMax: a
 // host that is down or misconfigured is tried a few times a minute at
@@ -59,6 +68,10 @@ type HostReconciler struct {
 	// not cache.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
+	// NodeBundleRepository (DefaultNodeBundleRepository if empty) and
+	// NodeBundleInsecure locate the node bundles.
+	NodeBundleRepository string
+	NodeBundleInsecure   bool
 	// MaxConcurrentReconciles bounds the hosts worked on at once (4 if 0).
 	MaxConcurrentReconciles int
 	// Now is the clock.
@@ -110,40 +123,61 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		st.HostKeyCheck = "skipped (insecureSkipHostKeyCheck)"
 	}
 
-	// A changed spec (a fixed key, another port) re-runs preflight now.
+	// A changed spec (a fixed key, another port) re-runs the steps now.
 	specChanged := st.ObservedGeneration != h.Generation
 	st.ObservedGeneration = h.Generation
-	step := journalStep(st, StepPreflight)
-	if step != nil && step.Result == StepSucceeded && !specChanged {
-		return ctrl.Result{}, r.writeStatus(ctx, &orig, h)
-	}
-	if step != nil && step.Result == StepFailed && !specChanged && step.Finished != nil {
-		if wait := r.retryAfter(step); wait > 0 {
-			return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
+	if specChanged {
+		for i := range st.Journal {
+			if st.Journal[i].Result != StepSucceeded {
+				st.Journal[i].Attempts = 0
+			}
+		}
+		// Connection settings may have changed: check again, unless the
+		// host is past preflight (our own kubelet would now fail it).
+		if step := journalStep(st, StepPreflight); step != nil && journalStep(st, StepInstall) == nil {
+			step.Result = StepRunning
 		}
 	}
-	if specChanged && step != nil {
-		step.Attempts = 0
-	}
 
-	res := r.preflight(ctx, h)
-	if err := r.writeStatus(ctx, &orig, h); err != nil {
-		return ctrl.Result{}, err
+	// One step per reconcile, in order; a step that succeeded is not
+	// repeated (the journal survives operator restarts).
+	for _, s := range []struct {
+		name string
+		run  func(context.Context, *apiary.Host) ctrl.Result
+	}{
+		{StepPreflight, r.preflight},
+		{StepInstall, r.install},
+	} {
+		step := journalStep(st, s.name)
+		if step != nil && step.Result == StepSucceeded {
+			continue
+		}
+		if step != nil && step.Result == StepFailed && step.Finished != nil {
+			if wait := r.retryAfter(step); wait > 0 {
+				return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
+			}
+		}
+		res := s.run(ctx, h)
+		if err := r.writeStatus(ctx, &orig, h); err != nil {
+			return ctrl.Result{}, err
+		}
+		if step = journalStep(st, s.name); step != nil && step.Result == StepSucceeded {
+			// Next step right away.
+			return ctrl.Result{Requeue: true}, nil
+		}
+		return res, nil
 	}
-	return res, nil
+	// Joining is not implemented yet.
+	st.Phase = apiary.HostPhaseJoining
+	r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonJoinPending,
+		"the agent does not run kubeadm join yet: join by hand with the command from `kubeadm token create --print-join-command` (kubelet and kubeadm are installed)")
+	return ctrl.Result{}, r.writeStatus(ctx, &orig, h)
 }
 
 // preflight connects and checks the host, recording the step.
 func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host) ctrl.Result {
 	st := &h.Status
-	now := metav1.NewTime(r.Now())
-	step := journalStep(st, StepPreflight)
-	if step == nil {
-		st.Journal = append(st.Journal, apiary.HostStep{Name: StepPreflight})
-		step = &st.Journal[len(st.Journal)-1]
-	}
-	step.Started, step.Finished, step.Result, step.Message = now, nil, StepRunning, ""
-	step.Attempts++
+	step := r.startStep(st, StepPreflight)
 	st.Phase = apiary.HostPhasePreflight
 
 	fail := func(cond, reason, msg string) ctrl.Result {
@@ -187,6 +221,70 @@ func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host) ctrl.Res
 	r.setCondition(h, apiary.HostConditionPreflightPassed, metav1.ConditionTrue, ReasonPreflightPassed, "the host can run a kubelet: "+step.Message)
 	// Installing and joining come next; until then the host waits here.
 	st.Phase = apiary.HostPhasePreflight
+	return ctrl.Result{}
+}
+
+// startStep records that a step begins (again).
+func (r *HostReconciler) startStep(st *apiary.HostStatus, name string) *apiary.HostStep {
+	step := journalStep(st, name)
+	if step == nil {
+		st.Journal = append(st.Journal, apiary.HostStep{Name: name})
+		step = &st.Journal[len(st.Journal)-1]
+	}
+	step.Started, step.Finished, step.Result, step.Message = metav1.NewTime(r.Now()), nil, StepRunning, ""
+	step.Attempts++
+	return step
+}
+
+// install copies the node bundle of the tenant's version to the host and
+// installs it.
+func (r *HostReconciler) install(ctx context.Context, h *apiary.Host) ctrl.Result {
+	st := &h.Status
+	step := r.startStep(st, StepInstall)
+	st.Phase = apiary.HostPhaseInstalling
+	fail := func(reason, msg string) ctrl.Result {
+		finished := metav1.NewTime(r.Now())
+		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
+		st.Phase = apiary.HostPhaseFailed
+		r.setCondition(h, apiary.HostConditionInstalled, metav1.ConditionFalse, reason, msg)
+		log.FromContext(ctx).Info("host step failed", "step", StepInstall, "reason", reason, "message", msg, "attempt", step.Attempts)
+		return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+	}
+	var tcp apiary.TenantControlPlane
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fail(ReasonTenantNotFound, fmt.Sprintf("spec.tenantControlPlane: TenantControlPlane %s/%s not found", h.Namespace, h.Spec.TenantControlPlane))
+		}
+		return fail(ReasonInstallFailed, err.Error())
+	}
+	tcp.Default()
+	repo := r.NodeBundleRepository
+	if repo == "" {
+		repo = DefaultNodeBundleRepository
+	}
+	installCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	bundle, err := hosts.ResolveBundle(installCtx, repo+":"+tcp.Spec.Version, r.NodeBundleInsecure)
+	if err != nil {
+		return fail(ReasonInstallFailed, err.Error())
+	}
+	target, reason, err := r.target(ctx, h)
+	if err != nil {
+		return fail(reason, err.Error())
+	}
+	c, err := hosts.Dial(ctx, target)
+	if err != nil {
+		r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionFalse, hosts.ReasonOf(err), err.Error())
+		return fail(ReasonInstallFailed, err.Error())
+	}
+	defer c.Close()
+	if err := hosts.Install(installCtx, c, bundle); err != nil {
+		return fail(ReasonInstallFailed, err.Error())
+	}
+	finished := metav1.NewTime(r.Now())
+	step.Finished, step.Result = &finished, StepSucceeded
+	step.Message = fmt.Sprintf("kubelet, kubeadm, kubectl %s and CNI plugins from %s", tcp.Spec.Version, bundle.Ref)
+	r.setCondition(h, apiary.HostConditionInstalled, metav1.ConditionTrue, ReasonInstalled, step.Message)
 	return ctrl.Result{}
 }
 

@@ -37,6 +37,11 @@ const (
 	// containerd with CRI v1, no swap, kernel modules, free ports, no
 	// other kubelet).
 	HostConditionPreflightPassed = "PreflightPassed"
+	// HostConditionInstalled: the node bundle of the tenant's version is
+	// installed (kubelet, kubeadm, kubectl, CNI plugins, kubelet unit).
+	HostConditionInstalled = "Installed"
+	// HostConditionJoined: kubeadm join made the host a Node of the tenant.
+	HostConditionJoined = "Joined"
 )
 
 // SSHPrivateKeyKey is the key of the private key in a Host's SSH key Secret
