@@ -2,9 +2,10 @@
 # Installs the Debian packages the local management cluster needs and a fresh
 # machine lacks. Everything else (Kubernetes, etcd, containerd, CNI plugins,
 # CoreDNS, MetalLB, the registry, helm) is built from source by
-# hack/build-upstream.sh.
+# hack/build-upstream.sh. docker.io and debootstrap are for the SSH test hosts
+# (e2e/sshhost: a dockerd of its own and a debootstrapped Debian image).
 set -euo pipefail
-pkgs=(make git runc iptables conntrack iproute2 socat ca-certificates)
+pkgs=(make git runc iptables conntrack iproute2 socat ca-certificates docker.io debootstrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

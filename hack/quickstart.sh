@@ -20,9 +20,13 @@ step "Building bin/apiary"
 make -s build
 
 step "Installing the Helm chart (charts/apiary) into apiary-system"
+# The operator pulls node bundles from the local registry at the node address.
+node_ip=$("$kubectl" get nodes -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
 "$helm" upgrade --install apiary charts/apiary --namespace apiary-system --create-namespace \
   --set image.pullPolicy=Always \
   --set defaultDataStore.managed.storage.emptyDir=true \
+  --set operator.nodeBundle.repository="$node_ip:5000/apiaryhq/node-bundle" \
+  --set operator.nodeBundle.insecure=true \
   --wait --timeout 5m
 "$kubectl" wait --for=condition=Ready datastore/default --timeout=5m
 

@@ -53,18 +53,22 @@ const (
 
 // Network layout and ports of the management cluster.
 const (
-	PodCIDR        = "10.200.0.0/16"
-	NodePodCIDR    = "10.200.0.0/24" // the first /24 the controller-manager allocates
-	ServiceCIDR    = "10.201.0.0/16"
-	KubernetesIP   = "10.201.0.1"
-	DNSServiceIP   = "10.201.0.10"
-	LBPoolCIDR     = "10.202.0.0/24"
-	LBPoolName     = "apiary-dev"
-	LBInterface    = "apiary-lb0"
-	BridgeName     = "cni0"
-	ClusterDomain  = "cluster.local"
-	DefaultNode    = "apiary-dev"
-	RegistryAddr   = "127.0.0.1:5000"
+	PodCIDR       = "10.200.0.0/16"
+	NodePodCIDR   = "10.200.0.0/24" // the first /24 the controller-manager allocates
+	ServiceCIDR   = "10.201.0.0/16"
+	KubernetesIP  = "10.201.0.1"
+	DNSServiceIP  = "10.201.0.10"
+	LBPoolCIDR    = "10.202.0.0/24"
+	LBPoolName    = "apiary-dev"
+	LBInterface   = "apiary-lb0"
+	BridgeName    = "cni0"
+	ClusterDomain = "cluster.local"
+	DefaultNode   = "apiary-dev"
+	RegistryAddr  = "127.0.0.1:5000"
+	// RegistryListen is where the registry listens: every address of the
+	// machine, so that pods (the operator pulls node bundles) and SSH test
+	// hosts in Docker reach it at the node IP too.
+	RegistryListen = ":5000"
 	APIServerPort  = 6443
 	EtcdClientPort = 12379
 	EtcdPeerPort   = 12380

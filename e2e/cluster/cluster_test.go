@@ -111,7 +111,7 @@ func TestConfigs(t *testing.T) {
 		filepath.Join(c.paths.certsD, "registry.k8s.io", "hosts.toml"): {`server = "http://127.0.0.1:5000"`, `"pull", "resolve"`},
 		filepath.Join(c.paths.certsD, "quay.io", "hosts.toml"):         {`server = "http://127.0.0.1:5000"`},
 		filepath.Join(c.paths.certsD, "ghcr.io", "hosts.toml"):         {`server = "http://127.0.0.1:5000"`},
-		c.paths.registryConfig: {"rootdirectory: " + filepath.Join(dir, "cache", "registry"), "addr: 127.0.0.1:5000"},
+		c.paths.registryConfig: {"rootdirectory: " + filepath.Join(dir, "cache", "registry"), "addr: :5000"},
 	} {
 		got := read(file)
 		for _, w := range wants {

@@ -243,7 +243,7 @@ storage:
 http:
   addr: %s
   secret: apiary-devcluster
-`, p.registryStorage, RegistryAddr),
+`, p.registryStorage, RegistryListen),
 
 		// containerd v2 (config version 3), everything under the state dir.
 		// restrict_oom_score_adj: this VM lacks CAP_SYS_RESOURCE, so runc

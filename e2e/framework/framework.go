@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,14 @@ type Env struct {
 	Cfg        *rest.Config
 	C          client.Client
 	CS         *kubernetes.Clientset
+	// NodeIP is the local cluster's node address.
+	NodeIP string
+}
+
+// RegistryAtNode is the local registry as pods and SSH test hosts reach it.
+func (e *Env) RegistryAtNode() string {
+	_, port, _ := net.SplitHostPort(cluster.RegistryAddr)
+	return net.JoinHostPort(e.NodeIP, port)
 }
 
 // Setup installs Apiary on the running local cluster and returns it; the
@@ -58,7 +67,7 @@ func Setup(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, Ctx: t.Context(), Kubeconfig: cl.KubeconfigPath()}
+	e := &Env{T: t, Ctx: t.Context(), Kubeconfig: cl.KubeconfigPath(), NodeIP: cl.NodeIP().String()}
 	if _, err := os.Stat(e.Kubeconfig); err != nil {
 		t.Fatalf("no local management cluster (%v): run `make cluster-up` or `make e2e`", err)
 	}
@@ -113,6 +122,10 @@ func (e *Env) installChart() {
 		"--set", "image.pullPolicy=Always",
 		"--set-string", `podAnnotations.apiary\.dev/image-digest=`+digest,
 		"--set", "defaultDataStore.managed.storage.emptyDir=true",
+		// The operator pulls node bundles itself, from the local registry
+		// at the node address.
+		"--set", "operator.nodeBundle.repository="+e.RegistryAtNode()+"/apiaryhq/node-bundle",
+		"--set", "operator.nodeBundle.insecure=true",
 		"--wait", "--timeout", "5m")
 	e.T.Logf("helm install: %s", time.Since(start).Round(time.Millisecond))
 	// helm --wait returns when the new pods are ready; a replaced operator
