@@ -40,12 +40,14 @@ type HostAddOptions struct {
 func NewHostCommand(flags *ConfigFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "host",
-		Short: "Add, remove and list the SSH hosts meant to join tenants as Nodes",
-		Long: `A Host is a machine the operator reaches over SSH to join it to a tenant as a
-Node. The agent connects with the pinned host key and runs preflight (systemd,
+		Short: "Add, remove and list the SSH hosts that join tenants as Nodes",
+		Long: `A Host is a machine the operator reaches over SSH and joins to a tenant as a
+Node. The agent connects with the pinned host key, runs preflight (systemd,
 containerd with CRI v1, no swap, kernel modules, free ports, no other
-kubelet), recording each step in status.journal; installing the node
-software and kubeadm join are not implemented yet.
+kubelet), installs kubelet, kubeadm, kubectl and the CNI plugins of the
+tenant's version from the node bundle, and runs kubeadm join with a
+short-lived bootstrap token; each step is recorded in status.journal.
+Removing a Host drains and deletes its Node and resets the machine.
 
 Hosts live in the tenant's namespace of the management cluster. The operator
 only connects to the host key pinned in the Host (spec.hostKey): "host add"
@@ -64,7 +66,7 @@ func newHostAddCommand(flags *ConfigFlags) *cobra.Command {
 	o := HostAddOptions{}
 	cmd := &cobra.Command{
 		Use:   "add NAME --tenant TENANT --address ADDRESS (--ssh-key-file FILE | --ssh-key-secret SECRET)",
-		Short: "Create a Host for the operator to check (and, later, join) over SSH",
+		Short: "Create a Host: the operator checks it, installs the node software and joins it",
 		Long: `Create a Host in the namespace of its tenant.
 
 The SSH private key comes from --ssh-key-file (stored in a new Secret
@@ -232,12 +234,14 @@ func newHostRemoveCommand(flags *ConfigFlags) *cobra.Command {
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "remove NAME",
-		Short: "Delete a Host",
-		Long: `Delete a Host. --wait waits until it is gone.
-
-The agent so far runs preflight only (it reads the host and changes nothing),
-so removing a Host removes the object; draining the Node, kubeadm reset and
-deleting the Node come with installing and joining.`,
+		Short: "Delete a Host: drain and delete its Node, reset the machine",
+		Long: `Delete a Host. The operator cordons and drains its Node (evictions, which
+respect PodDisruptionBudgets, for up to 2 minutes), runs kubeadm reset on the
+host, removes everything it installed, and deletes the Node (with a UID
+precondition); then the Host goes away and the machine can join again.
+--wait waits for that. If the host cannot be reached any more, the Host stays
+with a condition saying why; remove its finalizer apiary.dev/host-cleanup to
+give up on the machine.`,
 		Example: `  apiary host remove node-1 -n team-a
   apiary host remove node-1 -n team-a --wait 10m`,
 		Args: exactlyOneHostName,

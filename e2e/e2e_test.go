@@ -62,7 +62,7 @@ func TestE2E(t *testing.T) {
 	t.Run("DeleteRemovesEverything", e.testDelete)
 	t.Run("OperatorKilledMidReconcile", e.testOperatorRestart)
 	t.Run("ManagedEtcdWithThreeMembers", e.testThreeMemberDataStore)
-	t.Run("HostPreflightOverSSH", e.testHostPreflight)
+	t.Run("HostsOverSSH", e.testHostPreflight)
 }
 
 func (e *env) testTenantReady(t *testing.T) {

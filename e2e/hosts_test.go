@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
@@ -104,7 +105,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 		if err := e.C.Create(e.Ctx, c.host); err != nil {
 			t.Fatalf("creating Host %s: %v", c.host.Name, err)
 		}
-		t.Cleanup(func() { _ = e.C.Delete(e.Ctx, c.host) })
+		t.Cleanup(func() { deleteHostAndWait(t, e, c.host) })
 	}
 	for _, c := range cases {
 		var got apiary.Host
@@ -139,15 +140,12 @@ func (e *env) testHostPreflight(t *testing.T) {
 		t.Error(err)
 	}
 	j := good.Status.Journal
-	if len(j) != 2 || j[0].Name != controllers.StepPreflight || j[0].Result != controllers.StepSucceeded ||
+	if len(j) < 2 || j[0].Name != controllers.StepPreflight || j[0].Result != controllers.StepSucceeded ||
 		j[1].Name != controllers.StepInstall || j[1].Result != controllers.StepSucceeded || j[1].Finished == nil || j[0].Finished == nil {
 		t.Fatalf("journal %+v", j)
 	}
 	t.Logf("FIGURE Host good: preflight %s, install %s (%s)", j[0].Finished.Sub(j[0].Started.Time).Round(time.Millisecond),
 		j[1].Finished.Sub(j[1].Started.Time).Round(time.Millisecond), j[1].Message)
-	if good.Status.Phase != apiary.HostPhaseJoining {
-		t.Errorf("phase %s, want Joining", good.Status.Phase)
-	}
 	// What install put on the host.
 	for cmd, want := range map[string]string{
 		"/usr/bin/kubelet --version":         "Kubernetes v1.37.2",
@@ -186,6 +184,8 @@ func (e *env) testHostPreflight(t *testing.T) {
 	if after := hostSnapshot(t, e, d, h2.Name); after != before {
 		t.Errorf("the host changed during preflight:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
+
+	e.testHostJoin(t, d, h, "good")
 
 	// Bad input is refused at admission, naming the field.
 	bad := newHost("bad-key", h.Address, "e2e-host-key", "ssh-ed25519 not-a-key")
@@ -233,4 +233,190 @@ func newPublicKey(t *testing.T) ssh.PublicKey {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// testHostJoin follows the installed Host into the tenant: kubeadm join by
+// the agent, the Node registered with the Host's UID recorded, the join
+// token gone, the Node's serving certificate approved, and the API server
+// reaching the node's kubelet through konnectivity (logs and exec of the
+// host-network pods that run without a pod network). Then the Host is
+// removed (Node gone, host reset) and added again (joins again).
+func (e *env) testHostJoin(t *testing.T, d *sshhost.Docker, h *sshhost.Host, name string) {
+	kc := e.ExportKubeconfig(t, "alpha")
+	cs := e.tenantClient(t, kc)
+	key := client.ObjectKey{Namespace: framework.TenantsNS, Name: name}
+	var host apiary.Host
+	framework.Eventually(t, "Host "+name+" joined", 5*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, key, &host); err != nil {
+			return err
+		}
+		return framework.ConditionIs(host.Status.Conditions, apiary.HostConditionJoined, metav1.ConditionTrue, controllers.ReasonJoined)
+	})
+	if step := journal(host, controllers.StepJoin); step == nil || step.Finished == nil {
+		t.Fatalf("journal %+v", host.Status.Journal)
+	} else {
+		t.Logf("FIGURE Host %s: kubeadm join %s", name, step.Finished.Sub(step.Started.Time).Round(time.Second))
+	}
+	var node *corev1.Node
+	framework.Eventually(t, "Node "+name+" with its UID in the Host", time.Minute, func() error {
+		n, err := cs.CoreV1().Nodes().Get(e.Ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := e.C.Get(e.Ctx, key, &host); err != nil {
+			return err
+		}
+		if host.Status.NodeUID != string(n.UID) {
+			return fmt.Errorf("Host nodeUID %q, Node UID %s", host.Status.NodeUID, n.UID)
+		}
+		node = n
+		return nil
+	})
+	if host.Status.BootstrapTokenID != "" {
+		t.Errorf("the join token %s is still recorded", host.Status.BootstrapTokenID)
+	}
+	secrets, err := cs.CoreV1().Secrets("kube-system").List(e.Ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if strings.Contains(string(s.Data["description"]), "apiary: join of Host") {
+			t.Errorf("join token %s left behind", s.Name)
+		}
+	}
+	t.Logf("Node %s: kubelet %s, conditions %v", node.Name, node.Status.NodeInfo.KubeletVersion, nodeConditions(node))
+	if node.Status.NodeInfo.KubeletVersion != "v1.37.2" {
+		t.Errorf("kubelet version %q", node.Status.NodeInfo.KubeletVersion)
+	}
+
+	// Host-network pods (kube-proxy, konnectivity-agent) run even before
+	// a pod network exists; the API server reaches their kubelet only
+	// through the konnectivity tunnel the agent opened.
+	var agentPod string
+	framework.Eventually(t, "konnectivity-agent running on "+name, 3*time.Minute, func() error {
+		pods, err := cs.CoreV1().Pods("kube-system").List(e.Ctx, metav1.ListOptions{LabelSelector: "k8s-app=konnectivity-agent", FieldSelector: "spec.nodeName=" + name})
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				agentPod = p.Name
+				return nil
+			}
+		}
+		return fmt.Errorf("%d agent pods, none running", len(pods.Items))
+	})
+	framework.Eventually(t, "kubectl logs through konnectivity", 2*time.Minute, func() error {
+		out, err := framework.KubectlErr(kc, "-n", "kube-system", "logs", agentPod, "--tail=5")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	framework.Eventually(t, "kubectl exec through konnectivity", time.Minute, func() error {
+		// The agent binary prints its flags: proof that the command ran
+		// in the pod on the host.
+		out, err := framework.KubectlErr(kc, "-n", "kube-system", "exec", agentPod, "--", "/proxy-agent", "--help")
+		if !strings.Contains(out, "--proxy-server-host") {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+
+	// The kubelet serves with a certificate the agent approved after
+	// checking the CSR against the Host.
+	csrs, err := cs.CertificatesV1().CertificateSigningRequests().List(e.Ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	approved := 0
+	for _, c := range csrs.Items {
+		if c.Spec.SignerName != "kubernetes.io/kubelet-serving" || c.Spec.Username != "system:node:"+name {
+			continue
+		}
+		for _, cond := range c.Status.Conditions {
+			if cond.Type == "Approved" && cond.Reason == "ApiaryHostVerified" && len(c.Status.Certificate) > 0 {
+				approved++
+			}
+		}
+	}
+	if approved == 0 {
+		t.Error("no kubelet serving CSR of the Node approved by the agent and signed")
+	}
+
+	// Remove the Host: Node gone, host reset.
+	removed := time.Now()
+	if err := e.C.Delete(e.Ctx, &host); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "Host "+name+" removed", 5*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, key, &apiary.Host{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	t.Logf("FIGURE Host %s removed (drain, reset, Node deleted) in %s", name, time.Since(removed).Round(time.Millisecond))
+	if _, err := cs.CoreV1().Nodes().Get(e.Ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Node %s after the Host's removal: %v", name, err)
+	}
+	out, err := d.Exec(e.Ctx, h.Name, "sh", "-c",
+		"for f in /usr/bin/kubelet /usr/bin/kubeadm /etc/kubernetes /var/lib/kubelet /var/lib/apiary /etc/systemd/system/kubelet.service /opt/cni/bin/bridge; do test -e $f && echo left: $f; done; pgrep -x kubelet && echo kubelet running; true")
+	if err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("host not reset: %s %v", out, err)
+	}
+
+	// The reset host joins again.
+	again := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: name}, Spec: host.Spec}
+	rejoin := time.Now()
+	if err := e.C.Create(e.Ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteHostAndWait(t, e, again) })
+	framework.Eventually(t, "Host "+name+" joined again", 5*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, key, again); err != nil {
+			return err
+		}
+		if err := framework.ConditionIs(again.Status.Conditions, apiary.HostConditionJoined, metav1.ConditionTrue, controllers.ReasonJoined); err != nil {
+			return err
+		}
+		if again.Status.NodeUID == "" || again.Status.NodeUID == host.Status.NodeUID {
+			return fmt.Errorf("nodeUID %q (first join: %s)", again.Status.NodeUID, host.Status.NodeUID)
+		}
+		return nil
+	})
+	t.Logf("FIGURE Host %s re-added: preflight, install and join again in %s", name, time.Since(rejoin).Round(time.Millisecond))
+}
+
+func journal(h apiary.Host, name string) *apiary.HostStep {
+	for i := range h.Status.Journal {
+		if h.Status.Journal[i].Name == name {
+			return &h.Status.Journal[i]
+		}
+	}
+	return nil
+}
+
+func nodeConditions(n *corev1.Node) []string {
+	var out []string
+	for _, c := range n.Status.Conditions {
+		out = append(out, fmt.Sprintf("%s=%s", c.Type, c.Status))
+	}
+	return out
+}
+
+// deleteHostAndWait removes a Host and waits for its cleanup (which may
+// reset the host over SSH, so it must run before the host container goes).
+func deleteHostAndWait(t *testing.T, e *env, h *apiary.Host) {
+	ctx := context.Background()
+	if err := e.C.Delete(ctx, h); apierrors.IsNotFound(err) {
+		return
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		if err := e.C.Get(ctx, client.ObjectKeyFromObject(h), &apiary.Host{}); apierrors.IsNotFound(err) {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	t.Errorf("Host %s/%s not removed within 3 minutes", h.Namespace, h.Name)
 }

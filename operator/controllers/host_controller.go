@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -44,7 +45,6 @@ const (
 	ReasonTenantNotFound  = "TenantNotFound"
 	ReasonInstalled       = "Installed"
 	ReasonInstallFailed   = "InstallFailed"
-	ReasonJoinPending     = "JoinNotImplemented"
 )
 
 // DefaultNodeBundleRepository is where node bundles are pulled from, tagged
@@ -109,14 +109,33 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		return ctrl.Result{}, err
 	}
-	if !orig.DeletionTimestamp.IsZero() {
-		r.statuses.forget(orig.UID)
-		return ctrl.Result{}, nil
-	}
 	h := orig.DeepCopy()
 	// Work from the status this operator last wrote: the cache may lag.
 	base := r.statuses.base(h.UID, orig.ResourceVersion, orig.Status)
 	h.Status = *base.DeepCopy()
+	if !orig.DeletionTimestamp.IsZero() {
+		if !controllerutil.ContainsFinalizer(&orig, HostFinalizer) {
+			r.statuses.forget(orig.UID)
+			return ctrl.Result{}, nil
+		}
+		done, res := r.cleanup(ctx, h)
+		if !done {
+			return res, r.writeStatus(ctx, &orig, h)
+		}
+		patch := client.MergeFrom(orig.DeepCopy())
+		controllerutil.RemoveFinalizer(&orig, HostFinalizer)
+		r.statuses.forget(orig.UID)
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, &orig, patch, client.FieldOwner(FieldOwner)))
+	}
+	// The finalizer comes before anything touches the host.
+	if !controllerutil.ContainsFinalizer(&orig, HostFinalizer) {
+		patch := client.MergeFrom(orig.DeepCopy())
+		controllerutil.AddFinalizer(&orig, HostFinalizer)
+		if err := r.Client.Patch(ctx, &orig, patch, client.FieldOwner(FieldOwner)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer: %w", err)
+		}
+		h.Finalizers, h.ResourceVersion = orig.Finalizers, orig.ResourceVersion
+	}
 	st := &h.Status
 	st.HostKeyCheck = "pinned"
 	if h.Spec.InsecureSkipHostKeyCheck {
@@ -147,6 +166,7 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	}{
 		{StepPreflight, r.preflight},
 		{StepInstall, r.install},
+		{StepJoin, r.join},
 	} {
 		step := journalStep(st, s.name)
 		if step != nil && step.Result == StepSucceeded {
@@ -167,11 +187,8 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		return res, nil
 	}
-	// Joining is not implemented yet.
-	st.Phase = apiary.HostPhaseJoining
-	r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonJoinPending,
-		"the agent does not run kubeadm join yet: join by hand with the command from `kubeadm token create --print-join-command` (kubelet and kubeadm are installed)")
-	return ctrl.Result{}, r.writeStatus(ctx, &orig, h)
+	res := r.observeNode(ctx, h)
+	return res, r.writeStatus(ctx, &orig, h)
 }
 
 // preflight connects and checks the host, recording the step.

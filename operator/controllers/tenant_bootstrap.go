@@ -43,6 +43,9 @@ type tenantClient struct {
 type appliedBootstrap struct {
 	hash [32]byte
 	at   time.Time
+	// result of that apply, reported again while it is skipped (the
+	// status write that carried it may have failed).
+	result bootstrapResult
 }
 
 // bootstrapResult says what one bootstrap did.
@@ -119,6 +122,7 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 	last, ok := b.applied[uid]
 	b.mu.Unlock()
 	if ok && last.hash == sum && now.Sub(last.at) < resync {
+		res = last.result
 		res.skipped = true
 		return res, nil
 	}
@@ -151,7 +155,7 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 	if b.applied == nil {
 		b.applied = map[types.UID]appliedBootstrap{}
 	}
-	b.applied[uid] = appliedBootstrap{hash: sum, at: now}
+	b.applied[uid] = appliedBootstrap{hash: sum, at: now, result: res}
 	b.mu.Unlock()
 	return res, nil
 }
@@ -183,9 +187,6 @@ func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp 
 	if err != nil {
 		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, err.Error())
 		return err
-	}
-	if res.skipped {
-		return nil
 	}
 	msg := fmt.Sprintf("applied %d objects inside the tenant (%v)", res.applied, res.parts)
 	if res.removed > 0 {

@@ -42,6 +42,8 @@ const (
 	HostConditionInstalled = "Installed"
 	// HostConditionJoined: kubeadm join made the host a Node of the tenant.
 	HostConditionJoined = "Joined"
+	// HostConditionNodeReady mirrors the Node's Ready condition.
+	HostConditionNodeReady = "NodeReady"
 )
 
 // SSHPrivateKeyKey is the key of the private key in a Host's SSH key Secret
@@ -142,6 +144,11 @@ type HostStatus struct {
 	NodeName string `json:"nodeName,omitempty"`
 	// +optional
 	NodeUID string `json:"nodeUID,omitempty"`
+	// BootstrapTokenID is the tenant bootstrap token made for this host's
+	// join, recorded before the token is created so that a restarted
+	// operator reuses it and deletes it afterwards: never a second token.
+	// +optional
+	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
 	// +optional
 	Facts *HostFacts `json:"facts,omitempty"`
 	// Journal of the steps taken on the host, oldest first.

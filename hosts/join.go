@@ -1,0 +1,81 @@
+package hosts
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+const (
+	patchesDir = stateDir + "/kubeadm-patches"
+	// CRISocket is containerd's, which preflight checked.
+	CRISocket = "unix:///run/containerd/containerd.sock"
+)
+
+// JoinRequest is what `kubeadm join` needs.
+type JoinRequest struct {
+	// Endpoint is host:port of the tenant API.
+	Endpoint string
+	// Token is "<id>.<secret>".
+	Token string
+	// CACertHash is "sha256:<hex>" of the tenant CA's public key.
+	CACertHash string
+	NodeName   string
+}
+
+// JoinResult says whether kubeadm join ran or had run before.
+type JoinResult struct {
+	AlreadyJoined bool
+	Output        string
+}
+
+// Join runs kubeadm join on the host, unless the host already has a kubelet
+// kubeconfig (an earlier join that the operator did not see finish). On a
+// cgroup v1 host it patches the KubeletConfiguration with failCgroupV1:
+// false (kubelet 1.35+ refuses cgroup v1 otherwise) for this node only.
+func Join(ctx context.Context, c *Client, r JoinRequest) (JoinResult, error) {
+	for _, v := range []string{r.Endpoint, r.Token, r.CACertHash, r.NodeName} {
+		if v == "" || strings.ContainsAny(v, " '\"\\$`;\n") {
+			return JoinResult{}, fmt.Errorf("join: invalid argument %q", v)
+		}
+	}
+	script := fmt.Sprintf(`set -e
+if [ -f /etc/kubernetes/kubelet.conf ]; then echo APIARY_ALREADY_JOINED; exit 0; fi
+rm -rf %[1]s
+mkdir -p %[1]s
+if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+  printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n' > %[1]s/kubeletconfiguration+merge.yaml
+fi
+kubeadm join %[2]s --token %[3]s --discovery-token-ca-cert-hash %[4]s --node-name %[5]s \
+  --cri-socket %[6]s --patches %[1]s --ignore-preflight-errors=SystemVerification 2>&1
+`, patchesDir, r.Endpoint, r.Token, r.CACertHash, r.NodeName, CRISocket)
+	out, err := c.RunScript(ctx, script)
+	res := JoinResult{AlreadyJoined: strings.Contains(out, "APIARY_ALREADY_JOINED"), Output: out}
+	if err != nil {
+		return res, fmt.Errorf("kubeadm join: %w\n%s", err, tail(out, 15))
+	}
+	return res, nil
+}
+
+// Reset undoes join and install: kubeadm reset, then everything the agent
+// put on the host. The host can then be joined again, to any tenant.
+func Reset(ctx context.Context, c *Client) (string, error) {
+	script := fmt.Sprintf(`set +e
+if command -v kubeadm >/dev/null 2>&1; then kubeadm reset -f --cri-socket %s 2>&1; fi
+systemctl stop kubelet >/dev/null 2>&1
+rm -rf /etc/kubernetes /var/lib/kubelet %s
+%s`, CRISocket, patchesDir, UninstallScript())
+	out, err := c.RunScript(ctx, script)
+	if err != nil {
+		return out, fmt.Errorf("reset: %w\n%s", err, tail(out, 15))
+	}
+	return out, nil
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

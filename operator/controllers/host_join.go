@@ -1,0 +1,505 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/apiaryhq/apiary/hosts"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/tenant"
+)
+
+const (
+	StepJoin = "join"
+	// HostFinalizer resets the host and removes its Node before the Host
+	// goes away.
+	HostFinalizer = "apiary.dev/host-cleanup"
+
+	ReasonTenantNotReady = "TenantNotReady"
+	ReasonJoinFailed     = "JoinFailed"
+	ReasonJoined         = "Joined"
+	ReasonNodeNotFound   = "NodeNotFound"
+	ReasonCleanupFailed  = "CleanupFailed"
+
+	// joinTokenTTL bounds a join token's life should the operator never
+	// get to delete it.
+	joinTokenTTL = time.Hour
+	// drainTimeout bounds how long eviction is tried before the host is
+	// reset anyway.
+	drainTimeout = 2 * time.Minute
+)
+
+// tenantAccess is what the agent needs of a host's tenant.
+type tenantAccess struct {
+	tcp      *apiary.TenantControlPlane
+	cs       kubernetes.Interface
+	caPEM    []byte
+	endpoint string // host:port
+}
+
+// tenant reads the host's tenant and builds a client from its admin
+// kubeconfig. A tenant that is not Ready is a retryable failure.
+func (r *HostReconciler) tenant(ctx context.Context, h *apiary.Host) (*tenantAccess, string, error) {
+	var tcp apiary.TenantControlPlane
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, ReasonTenantNotFound, fmt.Errorf("spec.tenantControlPlane: TenantControlPlane %s/%s not found", h.Namespace, h.Spec.TenantControlPlane)
+		}
+		return nil, ReasonTenantNotReady, err
+	}
+	tcp.Default()
+	if c := findCondition(tcp.Status.Conditions, apiary.ConditionReady); c == nil || c.Status != metav1.ConditionTrue || tcp.Status.Endpoint == "" {
+		return nil, ReasonTenantNotReady, fmt.Errorf("TenantControlPlane %s is not Ready yet", tcp.Name)
+	}
+	var kc, ca corev1.Secret
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: tcp.AdminKubeconfigSecretName()}, &kc); err != nil {
+		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant's admin kubeconfig: %w", err)
+	}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: render.SecretName(&tcp, render.SecretCA)}, &ca); err != nil {
+		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant CA: %w", err)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc.Data[apiary.KubeconfigKey])
+	if err != nil {
+		return nil, ReasonTenantNotReady, fmt.Errorf("the tenant's admin kubeconfig: %w", err)
+	}
+	cfg.UserAgent, cfg.Timeout = "apiary-operator", 15*time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, ReasonTenantNotReady, err
+	}
+	return &tenantAccess{tcp: &tcp, cs: cs, caPEM: ca.Data[render.KeyTLSCert],
+		endpoint: strings.TrimPrefix(tcp.Status.Endpoint, "https://")}, "", nil
+}
+
+func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == typ {
+			return &conds[i]
+		}
+	}
+	return nil
+}
+
+// caCertHash is kubeadm's discovery hash: sha256 of the CA's public key.
+func caCertHash(caPEM []byte) (string, error) {
+	block, _ := pem.Decode(caPEM)
+	if block == nil {
+		return "", errors.New("the tenant CA is not PEM")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+// joinToken returns the host's bootstrap token (status.bootstrapTokenID,
+// recorded before the token exists), creating it in the tenant when
+// missing: a restarted operator finds and reuses it, never making a second.
+func (r *HostReconciler) joinToken(ctx context.Context, h *apiary.Host, ta *tenantAccess) (string, error) {
+	id := h.Status.BootstrapTokenID
+	sec, err := ta.cs.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, bootstraputil.BootstrapTokenSecretName(id), metav1.GetOptions{})
+	if err == nil {
+		return bootstraputil.TokenFromIDAndSecret(id, string(sec.Data[bootstrapapi.BootstrapTokenSecretKey])), nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("reading bootstrap token %s: %w", id, err)
+	}
+	token, err := bootstraputil.GenerateBootstrapToken()
+	if err != nil {
+		return "", err
+	}
+	_, secret, _ := strings.Cut(token, ".")
+	sec = &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem,
+			Labels: map[string]string{tenant.LabelManagedBy: tenant.ManagedBy},
+		},
+		Type: bootstrapapi.SecretTypeBootstrapToken,
+		StringData: map[string]string{
+			bootstrapapi.BootstrapTokenDescriptionKey:      fmt.Sprintf("apiary: join of Host %s/%s", h.Namespace, h.Name),
+			bootstrapapi.BootstrapTokenIDKey:               id,
+			bootstrapapi.BootstrapTokenSecretKey:           secret,
+			bootstrapapi.BootstrapTokenExpirationKey:       r.Now().Add(joinTokenTTL).UTC().Format(time.RFC3339),
+			bootstrapapi.BootstrapTokenUsageAuthentication: "true",
+			bootstrapapi.BootstrapTokenUsageSigningKey:     "true",
+			bootstrapapi.BootstrapTokenExtraGroupsKey:      tenant.NodeBootstrapTokenGroup,
+		},
+	}
+	if _, err := ta.cs.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("creating bootstrap token %s: %w", id, err)
+	}
+	return bootstraputil.TokenFromIDAndSecret(id, secret), nil
+}
+
+// deleteJoinToken removes the host's token once it is not needed.
+func (r *HostReconciler) deleteJoinToken(ctx context.Context, h *apiary.Host, ta *tenantAccess) error {
+	id := h.Status.BootstrapTokenID
+	if id == "" {
+		return nil
+	}
+	err := ta.cs.CoreV1().Secrets(metav1.NamespaceSystem).Delete(ctx, bootstraputil.BootstrapTokenSecretName(id), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting bootstrap token %s: %w", id, err)
+	}
+	h.Status.BootstrapTokenID = ""
+	return nil
+}
+
+// join makes the host a Node: a bootstrap token in the tenant, kubeadm join
+// on the host, the token deleted.
+func (r *HostReconciler) join(ctx context.Context, h *apiary.Host) ctrl.Result {
+	st := &h.Status
+	step := r.startStep(st, StepJoin)
+	st.Phase = apiary.HostPhaseJoining
+	fail := func(reason, msg string) ctrl.Result {
+		finished := metav1.NewTime(r.Now())
+		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
+		if reason != ReasonTenantNotReady {
+			st.Phase = apiary.HostPhaseFailed
+		}
+		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, reason, msg)
+		log.FromContext(ctx).Info("host step failed", "step", StepJoin, "reason", reason, "message", msg, "attempt", step.Attempts)
+		return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+	}
+	ta, reason, err := r.tenant(ctx, h)
+	if err != nil {
+		return fail(reason, err.Error())
+	}
+	hash, err := caCertHash(ta.caPEM)
+	if err != nil {
+		return fail(ReasonJoinFailed, err.Error())
+	}
+	if st.BootstrapTokenID == "" {
+		// Choose the token's ID and persist it (the caller writes the
+		// status) before the token exists.
+		token, err := bootstraputil.GenerateBootstrapToken()
+		if err != nil {
+			return fail(ReasonJoinFailed, err.Error())
+		}
+		st.BootstrapTokenID, _, _ = strings.Cut(token, ".")
+		step.Attempts--
+		step.Message = "bootstrap token " + st.BootstrapTokenID + " recorded"
+		return ctrl.Result{Requeue: true}
+	}
+	token, err := r.joinToken(ctx, h, ta)
+	if err != nil {
+		return fail(ReasonJoinFailed, err.Error())
+	}
+	target, reason, err := r.target(ctx, h)
+	if err != nil {
+		return fail(reason, err.Error())
+	}
+	c, err := hosts.Dial(ctx, target)
+	if err != nil {
+		r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionFalse, hosts.ReasonOf(err), err.Error())
+		return fail(ReasonJoinFailed, err.Error())
+	}
+	defer c.Close()
+	joinCtx, cancel := context.WithTimeout(ctx, 6*time.Minute)
+	defer cancel()
+	res, err := hosts.Join(joinCtx, c, hosts.JoinRequest{Endpoint: ta.endpoint, Token: token, CACertHash: hash, NodeName: nodeName(h)})
+	if err != nil {
+		return fail(ReasonJoinFailed, err.Error())
+	}
+	if err := r.deleteJoinToken(ctx, h, ta); err != nil {
+		return fail(ReasonJoinFailed, err.Error())
+	}
+	finished := metav1.NewTime(r.Now())
+	step.Finished, step.Result = &finished, StepSucceeded
+	step.Message = fmt.Sprintf("kubeadm join %s as Node %s", ta.endpoint, nodeName(h))
+	if res.AlreadyJoined {
+		step.Message += " (had joined before the operator restarted)"
+	}
+	st.NodeName = nodeName(h)
+	r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionTrue, ReasonJoined, step.Message)
+	return ctrl.Result{}
+}
+
+// nodeName is the Node a Host becomes: the Host's name.
+func nodeName(h *apiary.Host) string { return h.Name }
+
+// observeNode follows the joined Node: records its UID, applies the Host's
+// labels and taints, approves its kubelet serving certificates after
+// checking them against the host, and mirrors its readiness.
+func (r *HostReconciler) observeNode(ctx context.Context, h *apiary.Host) ctrl.Result {
+	st := &h.Status
+	ta, reason, err := r.tenant(ctx, h)
+	if err != nil {
+		r.setCondition(h, apiary.HostConditionNodeReady, metav1.ConditionUnknown, reason, err.Error())
+		return ctrl.Result{RequeueAfter: 30 * time.Second}
+	}
+	node, err := ta.cs.CoreV1().Nodes().Get(ctx, nodeName(h), metav1.GetOptions{})
+	if err != nil {
+		r.setCondition(h, apiary.HostConditionNodeReady, metav1.ConditionFalse, ReasonNodeNotFound, fmt.Sprintf("Node %s: %v", nodeName(h), err))
+		return ctrl.Result{RequeueAfter: 10 * time.Second}
+	}
+	if st.NodeUID != "" && st.NodeUID != string(node.UID) {
+		r.setCondition(h, apiary.HostConditionNodeReady, metav1.ConditionFalse, ReasonNodeNotFound,
+			fmt.Sprintf("Node %s was re-created (UID %s, joined as %s)", node.Name, node.UID, st.NodeUID))
+	}
+	st.NodeName, st.NodeUID = node.Name, string(node.UID)
+	if err := r.applyNodeMetadata(ctx, h, ta, node); err != nil {
+		log.FromContext(ctx).Info("applying Node labels and taints failed", "error", err.Error())
+	}
+	if n, err := r.approveServingCSRs(ctx, h, ta, node); err != nil {
+		log.FromContext(ctx).Info("approving kubelet serving CSRs failed", "error", err.Error())
+	} else if n > 0 {
+		r.Recorder.Eventf(h, nil, corev1.EventTypeNormal, "ServingCertificateApproved", "ApproveCSR", "approved %d kubelet serving CSR(s) of Node %s", n, node.Name)
+	}
+	ready := false
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			ready = c.Status == corev1.ConditionTrue
+			status := metav1.ConditionFalse
+			if ready {
+				status = metav1.ConditionTrue
+			}
+			r.setCondition(h, apiary.HostConditionNodeReady, status, c.Reason, c.Message)
+		}
+	}
+	if ready {
+		st.Phase = apiary.HostPhaseReady
+		return ctrl.Result{RequeueAfter: 5 * time.Minute}
+	}
+	st.Phase = apiary.HostPhaseJoining
+	return ctrl.Result{RequeueAfter: 10 * time.Second}
+}
+
+// applyNodeMetadata adds the Host's labels and taints to the Node (those
+// the Node has already are left as they are).
+func (r *HostReconciler) applyNodeMetadata(ctx context.Context, h *apiary.Host, ta *tenantAccess, node *corev1.Node) error {
+	changed := false
+	n := node.DeepCopy()
+	for k, v := range h.Spec.Labels {
+		if n.Labels[k] != v {
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels[k], changed = v, true
+		}
+	}
+	for _, t := range h.Spec.Taints {
+		if !slices.ContainsFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.Key == t.Key && x.Effect == t.Effect }) {
+			n.Spec.Taints, changed = append(n.Spec.Taints, t), true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	_, err := ta.cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{FieldManager: FieldOwner})
+	return err
+}
+
+// approveServingCSRs approves the Node's pending kubelet serving CSRs whose
+// names and addresses are the Node's and the Host's, and nothing else.
+func (r *HostReconciler) approveServingCSRs(ctx context.Context, h *apiary.Host, ta *tenantAccess, node *corev1.Node) (int, error) {
+	list, err := ta.cs.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, err
+	}
+	allowedIPs := []string{h.Spec.Address}
+	allowedNames := []string{node.Name}
+	for _, a := range node.Status.Addresses {
+		switch a.Type {
+		case corev1.NodeInternalIP, corev1.NodeExternalIP:
+			allowedIPs = append(allowedIPs, a.Address)
+		case corev1.NodeHostName, corev1.NodeInternalDNS, corev1.NodeExternalDNS:
+			allowedNames = append(allowedNames, a.Address)
+		}
+	}
+	approved := 0
+	for i := range list.Items {
+		csr := &list.Items[i]
+		if csr.Spec.SignerName != certificatesv1.KubeletServingSignerName || csr.Spec.Username != "system:node:"+node.Name || csrDecided(csr) {
+			continue
+		}
+		if why := checkServingCSR(csr, allowedNames, allowedIPs); why != "" {
+			r.Recorder.Eventf(h, nil, corev1.EventTypeWarning, "ServingCertificateRefused", "ApproveCSR", "not approving CSR %s: %s", csr.Name, why)
+			continue
+		}
+		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "ApiaryHostVerified",
+			Message: fmt.Sprintf("names and addresses match Host %s/%s", h.Namespace, h.Name),
+		})
+		if _, err := ta.cs.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
+			return approved, err
+		}
+		approved++
+	}
+	return approved, nil
+}
+
+func csrDecided(csr *certificatesv1.CertificateSigningRequest) bool {
+	for _, c := range csr.Status.Conditions {
+		if c.Type == certificatesv1.CertificateApproved || c.Type == certificatesv1.CertificateDenied {
+			return true
+		}
+	}
+	return false
+}
+
+// checkServingCSR says why a serving CSR must not be approved, or "".
+func checkServingCSR(csr *certificatesv1.CertificateSigningRequest, names, ips []string) string {
+	block, _ := pem.Decode(csr.Spec.Request)
+	if block == nil {
+		return "the request is not PEM"
+	}
+	req, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return err.Error()
+	}
+	if req.Subject.CommonName != csr.Spec.Username {
+		return fmt.Sprintf("common name %q is not the requester %q", req.Subject.CommonName, csr.Spec.Username)
+	}
+	for _, d := range req.DNSNames {
+		if !slices.Contains(names, d) {
+			return fmt.Sprintf("DNS name %q is not the Node's", d)
+		}
+	}
+	for _, ip := range req.IPAddresses {
+		if !slices.ContainsFunc(ips, func(s string) bool { return net.ParseIP(s).Equal(ip) }) {
+			return fmt.Sprintf("IP address %s is neither the Host's nor the Node's", ip)
+		}
+	}
+	if len(req.EmailAddresses) > 0 || len(req.URIs) > 0 {
+		return "e-mail or URI names are not allowed"
+	}
+	return ""
+}
+
+// cleanup runs when a Host is deleted: drain and delete its Node, reset
+// the host, delete a leftover token. It returns done when the finalizer
+// can go.
+func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctrl.Result) {
+	st := &h.Status
+	fail := func(msg string) (bool, ctrl.Result) {
+		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonCleanupFailed, msg)
+		return false, ctrl.Result{RequeueAfter: 15 * time.Second}
+	}
+	installed := journalStep(st, StepInstall) != nil
+	ta, _, tenantErr := r.tenant(ctx, h)
+	if ta != nil && st.NodeName != "" {
+		st.Phase = apiary.HostPhaseDraining
+		if err := r.drain(ctx, ta, st.NodeName); err != nil {
+			log.FromContext(ctx).Info("drain incomplete; resetting anyway", "node", st.NodeName, "error", err.Error())
+		}
+	}
+	if installed {
+		st.Phase = apiary.HostPhaseResetting
+		target, _, err := r.target(ctx, h)
+		if err != nil {
+			return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
+		}
+		c, err := hosts.Dial(ctx, target)
+		if err != nil {
+			return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
+		}
+		resetCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		_, err = hosts.Reset(resetCtx, c)
+		cancel()
+		c.Close()
+		if err != nil {
+			return fail(err.Error())
+		}
+	}
+	if ta != nil {
+		if st.NodeName != "" {
+			opts := metav1.DeleteOptions{}
+			if st.NodeUID != "" {
+				uid := types.UID(st.NodeUID)
+				opts.Preconditions = &metav1.Preconditions{UID: &uid}
+			}
+			if err := ta.cs.CoreV1().Nodes().Delete(ctx, st.NodeName, opts); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return fail(fmt.Sprintf("deleting Node %s: %v", st.NodeName, err))
+			}
+		}
+		if err := r.deleteJoinToken(ctx, h, ta); err != nil {
+			return fail(err.Error())
+		}
+	} else if st.NodeName != "" || st.BootstrapTokenID != "" {
+		log.FromContext(ctx).Info("tenant unreachable during Host cleanup; its Node and token stay", "error", fmt.Sprint(tenantErr))
+	}
+	return true, ctrl.Result{}
+}
+
+// drain cordons the Node and evicts its pods (not DaemonSet or mirror
+// pods), respecting PodDisruptionBudgets, for up to drainTimeout.
+func (r *HostReconciler) drain(ctx context.Context, ta *tenantAccess, name string) error {
+	node, err := ta.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !node.Spec.Unschedulable {
+		node.Spec.Unschedulable = true
+		if _, err := ta.cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner}); err != nil {
+			return fmt.Errorf("cordoning %s: %w", name, err)
+		}
+	}
+	deadline := r.Now().Add(drainTimeout)
+	for {
+		pods, err := ta.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+		if err != nil {
+			return err
+		}
+		remaining := 0
+		for _, p := range pods.Items {
+			if isDaemonSetPod(&p) || p.Annotations[corev1.MirrorPodAnnotationKey] != "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				continue
+			}
+			remaining++
+			ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
+			if err := ta.cs.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
+				return fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
+			}
+		}
+		if remaining == 0 {
+			return nil
+		}
+		if r.Now().After(deadline) {
+			return fmt.Errorf("%d pods still on %s after %s", remaining, name, drainTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func isDaemonSetPod(p *corev1.Pod) bool {
+	for _, o := range p.OwnerReferences {
+		if o.Kind == "DaemonSet" && o.Controller != nil && *o.Controller {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,63 @@
+package controllers
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"net"
+	"strings"
+	"testing"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+)
+
+func servingCSR(t *testing.T, cn string, dns []string, ips ...string) *certificatesv1.CertificateSigningRequest {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}, DNSNames: dns}
+	for _, ip := range ips {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &certificatesv1.CertificateSigningRequest{Spec: certificatesv1.CertificateSigningRequestSpec{
+		Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
+		SignerName: certificatesv1.KubeletServingSignerName,
+		Username:   "system:node:node-1",
+	}}
+}
+
+func TestCheckServingCSR(t *testing.T) {
+	names, ips := []string{"node-1"}, []string{"172.31.250.2"}
+	for _, tc := range []struct {
+		name string
+		csr  *certificatesv1.CertificateSigningRequest
+		want string
+	}{
+		{"the node's own", servingCSR(t, "system:node:node-1", []string{"node-1"}, "172.31.250.2"), ""},
+		{"another IP", servingCSR(t, "system:node:node-1", []string{"node-1"}, "10.0.0.9"), "IP address 10.0.0.9"},
+		{"another name", servingCSR(t, "system:node:node-1", []string{"kubernetes.default"}, "172.31.250.2"), `DNS name "kubernetes.default"`},
+		{"another node's CN", servingCSR(t, "system:node:node-2", []string{"node-1"}), "common name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := checkServingCSR(tc.csr, names, ips)
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Fatalf("checkServingCSR = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCACertHashRejectsNonPEM(t *testing.T) {
+	if _, err := caCertHash([]byte("not pem")); err == nil {
+		t.Fatal("no error for a non-PEM CA")
+	}
+}
