@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
 	"github.com/apiaryhq/apiary/hosts"
+	"github.com/apiaryhq/apiary/internal/testenv"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 )
@@ -186,6 +188,8 @@ func (e *env) testHostPreflight(t *testing.T) {
 	}
 
 	e.testHostJoin(t, d, h, "good")
+	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })
+	t.Run("OperatorKilledWhileJoining", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
 
 	// Bad input is refused at admission, naming the field.
 	bad := newHost("bad-key", h.Address, "e2e-host-key", "ssh-ed25519 not-a-key")
@@ -419,4 +423,145 @@ func deleteHostAndWait(t *testing.T, e *env, h *apiary.Host) {
 		time.Sleep(time.Second)
 	}
 	t.Errorf("Host %s/%s not removed within 3 minutes", h.Namespace, h.Name)
+}
+
+// testHandJoin joins a machine the way a user does without Apiary's agent:
+// node software installed (here from the same bundle), a token from
+// `kubeadm token create --print-join-command` run with the exported
+// kubeconfig, and that command run on the machine.
+func (e *env) testHandJoin(t *testing.T, d *sshhost.Docker, image string) {
+	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-hand", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	kc := e.ExportKubeconfig(t, "alpha")
+	cs := e.tenantClient(t, kc)
+
+	// The node software, as a package manager would put it there.
+	c, err := hosts.Dial(e.Ctx, hosts.Target{Address: h.Address, Port: h.Port, User: h.User, PrivateKey: h.PrivateKeyPEM, HostKey: h.HostKeyAuthorized})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bundle, err := hosts.ResolveBundle(e.Ctx, e.RegistryAtNode()+"/apiaryhq/node-bundle:v1.37.2", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hosts.Install(e.Ctx, c, bundle); err != nil {
+		t.Fatal(err)
+	}
+
+	kubeadm, err := testenv.KubeBinary("kubeadm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(e.Ctx, kubeadm, "token", "create", "--print-join-command", "--kubeconfig", kc).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubeadm token create: %v\n%s", err, out)
+	}
+	join := strings.TrimSpace(string(out))
+	if !joinCommand.MatchString(join) {
+		t.Fatalf("not a join command: %s", join)
+	}
+	// What a user of this (cgroup v1, containerized) machine adds: the
+	// kubelet's opt-in for cgroup v1, and skipping the kernel-config check
+	// (no /lib/modules in the container).
+	script := "mkdir -p /tmp/patches && printf 'apiVersion: kubelet.config.k8s.io/v1beta1\\nkind: KubeletConfiguration\\nfailCgroupV1: false\\n' > /tmp/patches/kubeletconfiguration+merge.yaml && " +
+		join + " --node-name hand-joined --patches /tmp/patches --ignore-preflight-errors=SystemVerification"
+	start := time.Now()
+	if out, err := d.Exec(e.Ctx, h.Name, "sh", "-c", script+" 2>&1"); err != nil {
+		t.Fatalf("%s: %v\n%s", join, err, out)
+	}
+	t.Logf("FIGURE plain kubeadm join by hand: %s", time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() {
+		_, _ = d.Exec(context.Background(), h.Name, "kubeadm", "reset", "-f")
+		_ = cs.CoreV1().Nodes().Delete(context.Background(), "hand-joined", metav1.DeleteOptions{})
+	})
+	framework.Eventually(t, "Node hand-joined registered", time.Minute, func() error {
+		n, err := cs.CoreV1().Nodes().Get(e.Ctx, "hand-joined", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Status.NodeInfo.KubeletVersion != "v1.37.2" {
+			return fmt.Errorf("kubelet %q", n.Status.NodeInfo.KubeletVersion)
+		}
+		return nil
+	})
+}
+
+// testHostAcrossOperatorKill kills the operator leader while a Host is being
+// installed or joined: the next leader resumes from the journal, and the
+// Host ends joined with one Node and no join token left behind.
+func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image string) {
+	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-kill", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	ns := framework.TenantsNS
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2e-host-kill-key"}, Type: corev1.SecretTypeSSHAuth,
+		Data: map[string][]byte{corev1.SSHAuthPrivateKey: h.PrivateKeyPEM}}
+	if err := e.C.Create(e.Ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.C.Delete(context.Background(), sec) })
+	host := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "survivor"}, Spec: apiary.HostSpec{
+		TenantControlPlane: "alpha", Address: h.Address, SSHKeySecretRef: corev1.LocalObjectReference{Name: sec.Name}, HostKey: h.HostKeyAuthorized,
+	}}
+	start := time.Now()
+	if err := e.C.Create(e.Ctx, host); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteHostAndWait(t, e, host) })
+	// Kill the leader as soon as the host is being changed.
+	var phase apiary.HostPhase
+	framework.Eventually(t, "Host survivor installing or joining", time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), host); err != nil {
+			return err
+		}
+		phase = host.Status.Phase
+		if phase == apiary.HostPhaseInstalling || phase == apiary.HostPhaseJoining {
+			return nil
+		}
+		return fmt.Errorf("phase %q", phase)
+	})
+	leader := e.leader(t)
+	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: leader}}, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed operator leader %s while the Host was %s, %s after its creation", leader, phase, time.Since(start).Round(time.Millisecond))
+	framework.Eventually(t, "Host survivor joined after the kill", 5*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), host); err != nil {
+			return err
+		}
+		if host.Status.NodeUID == "" {
+			return fmt.Errorf("phase %s, no Node yet; conditions %v", host.Status.Phase, host.Status.Conditions)
+		}
+		return framework.ConditionIs(host.Status.Conditions, apiary.HostConditionJoined, metav1.ConditionTrue, controllers.ReasonJoined)
+	})
+	t.Logf("FIGURE Host survivor joined %s after creation, across an operator leader kill", time.Since(start).Round(time.Millisecond))
+	cs := e.tenantClient(t, e.ExportKubeconfig(t, "alpha"))
+	nodes, err := cs.CoreV1().Nodes().List(e.Ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, node := range nodes.Items {
+		if node.Name == "survivor" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d Nodes named survivor", n)
+	}
+	secrets, err := cs.CoreV1().Secrets("kube-system").List(e.Ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if strings.Contains(string(s.Data["description"]), "apiary: join of Host") {
+			t.Errorf("join token %s left behind", s.Name)
+		}
+	}
 }

@@ -1,0 +1,121 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/e2e/framework"
+	"github.com/apiaryhq/apiary/e2e/sshhost"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+const joins = 5
+
+// BenchmarkHostJoin measures Host created → Node registered in the tenant,
+// over 5 fresh SSH hosts one after the other, and how that splits into the
+// agent's steps (from the Host's journal: preflight, install, join) and the
+// rest (scheduling of reconciles, the Node appearing). The Node turns Ready
+// only with a pod network, which the tenant does not have here.
+func BenchmarkHostJoin(b *testing.B) {
+	e := framework.Setup(b)
+	d, err := sshhost.EnsureDocker(e.Ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = d.Stop(e.Ctx) })
+	image, err := d.EnsureImage(e.Ctx, b.Logf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.EnsureNetwork(e.Ctx, "apiary-bench-hosts", "172.31.251.0/24"); err != nil {
+		b.Fatal(err)
+	}
+	e.CreateTenant(b, "bench-hosts", nil)
+
+	type sample struct{ total, preflight, install, join time.Duration }
+	var samples []sample
+	for i := range joins {
+		name := fmt.Sprintf("bench-host-%d", i)
+		h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: name, Network: "apiary-bench-hosts", Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: framework.TenantsNS, Name: name + "-key"}, Type: corev1.SecretTypeSSHAuth,
+			Data: map[string][]byte{corev1.SSHAuthPrivateKey: h.PrivateKeyPEM}}
+		if err := e.C.Create(e.Ctx, sec); err != nil {
+			b.Fatal(err)
+		}
+		host := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: framework.TenantsNS, Name: name}, Spec: apiary.HostSpec{
+			TenantControlPlane: "bench-hosts", Address: h.Address, SSHKeySecretRef: corev1.LocalObjectReference{Name: sec.Name}, HostKey: h.HostKeyAuthorized,
+		}}
+		start := time.Now()
+		if err := e.C.Create(e.Ctx, host); err != nil {
+			b.Fatal(err)
+		}
+		var total time.Duration
+		framework.Eventually(b, name+" has a Node", 5*time.Minute, func() error {
+			if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), host); err != nil {
+				return err
+			}
+			if host.Status.NodeUID == "" {
+				return fmt.Errorf("phase %s", host.Status.Phase)
+			}
+			total = time.Since(start)
+			return nil
+		})
+		s := sample{total: total}
+		for _, st := range host.Status.Journal {
+			if st.Finished == nil {
+				continue
+			}
+			took := st.Finished.Sub(st.Started.Time)
+			switch st.Name {
+			case "preflight":
+				s.preflight = took
+			case "install":
+				s.install = took
+			case "join":
+				s.join = took
+			}
+		}
+		samples = append(samples, s)
+		b.Logf("%s: Node registered %s after creation (preflight %s, install %s, join %s)", name, total.Round(time.Millisecond), s.preflight, s.install, s.join)
+		// Leave the machine as found: removal resets it.
+		if err := e.C.Delete(e.Ctx, host); err != nil {
+			b.Fatal(err)
+		}
+		framework.Eventually(b, name+" removed", 3*time.Minute, func() error {
+			if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), &apiary.Host{}); err == nil {
+				return fmt.Errorf("still there")
+			}
+			return nil
+		})
+		_ = e.C.Delete(e.Ctx, sec)
+		_ = d.RemoveHost(e.Ctx, name)
+	}
+	p50 := func(f func(sample) time.Duration) time.Duration {
+		v := make([]time.Duration, len(samples))
+		for i, s := range samples {
+			v[i] = f(s)
+		}
+		sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+		return v[len(v)/2]
+	}
+	var all []string
+	for _, s := range samples {
+		all = append(all, s.total.Round(10*time.Millisecond).String())
+	}
+	b.Logf("Host created → Node registered over %d hosts: p50 %s (all: %s); p50 of the steps (journal, 1 s resolution): preflight %s, install %s, join %s",
+		joins, p50(func(s sample) time.Duration { return s.total }).Round(10*time.Millisecond), strings.Join(all, " "),
+		p50(func(s sample) time.Duration { return s.preflight }), p50(func(s sample) time.Duration { return s.install }), p50(func(s sample) time.Duration { return s.join }))
+	b.ReportMetric(p50(func(s sample) time.Duration { return s.total }).Seconds(), "s-to-node-p50")
+}
