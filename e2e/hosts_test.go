@@ -189,7 +189,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 
 	e.testHostJoin(t, d, h, "good")
 	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })
-	t.Run("OperatorKilledWhileJoining", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
+	t.Run("OperatorKilledWhileInstalling", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
 
 	// Bad input is refused at admission, naming the field.
 	bad := newHost("bad-key", h.Address, "e2e-host-key", "ssh-ed25519 not-a-key")
@@ -514,19 +514,22 @@ func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteHostAndWait(t, e, host) })
-	// Kill the leader as soon as the host is being changed.
+	// Kill the leader as soon as the install has started (journaled before
+	// the agent touches the host; it takes a few seconds).
 	var phase apiary.HostPhase
-	framework.Eventually(t, "Host survivor installing or joining", time.Minute, func() error {
+	deadline := time.Now().Add(time.Minute)
+	for phase != apiary.HostPhaseInstalling && phase != apiary.HostPhaseJoining {
+		if time.Now().After(deadline) {
+			t.Fatalf("Host survivor never seen installing or joining (phase %q)", phase)
+		}
 		if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), host); err != nil {
-			return err
+			t.Fatal(err)
 		}
 		phase = host.Status.Phase
-		if phase == apiary.HostPhaseInstalling || phase == apiary.HostPhaseJoining {
-			return nil
-		}
-		return fmt.Errorf("phase %q", phase)
-	})
+		time.Sleep(50 * time.Millisecond)
+	}
 	leader := e.leader(t)
+	killed := time.Now()
 	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: leader}}, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
@@ -541,6 +544,10 @@ func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image 
 		return framework.ConditionIs(host.Status.Conditions, apiary.HostConditionJoined, metav1.ConditionTrue, controllers.ReasonJoined)
 	})
 	t.Logf("FIGURE Host survivor joined %s after creation, across an operator leader kill", time.Since(start).Round(time.Millisecond))
+	for _, st := range host.Status.Journal {
+		resumed := st.Finished != nil && st.Finished.After(killed.Add(2*time.Second))
+		t.Logf("journal %s: %s, %d attempt(s), finished by the next leader: %t (%s)", st.Name, st.Result, st.Attempts, resumed, st.Message)
+	}
 	cs := e.tenantClient(t, e.ExportKubeconfig(t, "alpha"))
 	nodes, err := cs.CoreV1().Nodes().List(e.Ctx, metav1.ListOptions{})
 	if err != nil {

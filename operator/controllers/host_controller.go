@@ -30,6 +30,7 @@ const (
 	StepPreflight = "preflight"
 	StepInstall   = "install"
 
+	StepPending   = "Pending"
 	StepRunning   = "Running"
 	StepSucceeded = "Succeeded"
 	StepFailed    = "Failed"
@@ -146,27 +147,29 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	specChanged := st.ObservedGeneration != h.Generation
 	st.ObservedGeneration = h.Generation
 	if specChanged {
+		// Failed steps are tried again at once, with a fresh backoff.
 		for i := range st.Journal {
-			if st.Journal[i].Result != StepSucceeded {
-				st.Journal[i].Attempts = 0
+			if st.Journal[i].Result == StepFailed {
+				st.Journal[i].Attempts, st.Journal[i].Result = 0, StepPending
 			}
 		}
 		// Connection settings may have changed: check again, unless the
 		// host is past preflight (our own kubelet would now fail it).
 		if step := journalStep(st, StepPreflight); step != nil && journalStep(st, StepInstall) == nil {
-			step.Result = StepRunning
+			step.Result = StepPending
 		}
 	}
 
 	// One step per reconcile, in order; a step that succeeded is not
 	// repeated (the journal survives operator restarts).
 	for _, s := range []struct {
-		name string
-		run  func(context.Context, *apiary.Host) ctrl.Result
+		name  string
+		phase apiary.HostPhase
+		run   func(context.Context, *apiary.Host, *apiary.HostStep) ctrl.Result
 	}{
-		{StepPreflight, r.preflight},
-		{StepInstall, r.install},
-		{StepJoin, r.join},
+		{StepPreflight, apiary.HostPhasePreflight, r.preflight},
+		{StepInstall, apiary.HostPhaseInstalling, r.install},
+		{StepJoin, apiary.HostPhaseJoining, r.join},
 	} {
 		step := journalStep(st, s.name)
 		if step != nil && step.Result == StepSucceeded {
@@ -177,7 +180,15 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 				return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
 			}
 		}
-		res := s.run(ctx, h)
+		if step == nil || step.Result != StepRunning {
+			// Journal the start before touching the host: a step found
+			// Running after a restart is resumed (every step is
+			// idempotent).
+			r.startStep(st, s.name)
+			st.Phase = s.phase
+			return ctrl.Result{Requeue: true}, r.writeStatus(ctx, &orig, h)
+		}
+		res := s.run(ctx, h, step)
 		if err := r.writeStatus(ctx, &orig, h); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -192,10 +203,8 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 }
 
 // preflight connects and checks the host, recording the step.
-func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host) ctrl.Result {
+func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
 	st := &h.Status
-	step := r.startStep(st, StepPreflight)
-	st.Phase = apiary.HostPhasePreflight
 
 	fail := func(cond, reason, msg string) ctrl.Result {
 		finished := metav1.NewTime(r.Now())
@@ -255,10 +264,8 @@ func (r *HostReconciler) startStep(st *apiary.HostStatus, name string) *apiary.H
 
 // install copies the node bundle of the tenant's version to the host and
 // installs it.
-func (r *HostReconciler) install(ctx context.Context, h *apiary.Host) ctrl.Result {
+func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
 	st := &h.Status
-	step := r.startStep(st, StepInstall)
-	st.Phase = apiary.HostPhaseInstalling
 	fail := func(reason, msg string) ctrl.Result {
 		finished := metav1.NewTime(r.Now())
 		step.Finished, step.Result, step.Message = &finished, StepFailed, msg

@@ -173,10 +173,8 @@ func (r *HostReconciler) deleteJoinToken(ctx context.Context, h *apiary.Host, ta
 
 // join makes the host a Node: a bootstrap token in the tenant, kubeadm join
 // on the host, the token deleted.
-func (r *HostReconciler) join(ctx context.Context, h *apiary.Host) ctrl.Result {
+func (r *HostReconciler) join(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
 	st := &h.Status
-	step := r.startStep(st, StepJoin)
-	st.Phase = apiary.HostPhaseJoining
 	fail := func(reason, msg string) ctrl.Result {
 		finished := metav1.NewTime(r.Now())
 		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
@@ -203,7 +201,6 @@ func (r *HostReconciler) join(ctx context.Context, h *apiary.Host) ctrl.Result {
 			return fail(ReasonJoinFailed, err.Error())
 		}
 		st.BootstrapTokenID, _, _ = strings.Cut(token, ".")
-		step.Attempts--
 		step.Message = "bootstrap token " + st.BootstrapTokenID + " recorded"
 		return ctrl.Result{Requeue: true}
 	}

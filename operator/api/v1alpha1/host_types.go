@@ -116,7 +116,9 @@ type HostStep struct {
 	// Finished is when it ended; unset while it runs.
 	// +optional
 	Finished *metav1.Time `json:"finished,omitempty"`
-	// Result: Succeeded, Failed, or Running.
+	// Result: Running (journaled before the agent touches the host, so a
+	// restarted operator resumes it), Succeeded, Failed, or Pending (to be
+	// run again after a spec change).
 	Result string `json:"result"`
 	// Message says what happened, or why it failed.
 	// +optional
