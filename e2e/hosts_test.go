@@ -8,6 +8,8 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -26,6 +28,8 @@ import (
 	"github.com/apiaryhq/apiary/internal/testenv"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/tenant"
 )
 
 const (
@@ -327,6 +331,18 @@ func (e *env) testHostJoin(t *testing.T, d *sshhost.Docker, h *sshhost.Host, nam
 		return nil
 	})
 
+	// A scale-up adds a konnectivity-server; the agent finds it through
+	// its lease and connects to every server, without restarting anything.
+	e.setReplicas(t, "alpha", 3)
+	e.waitReplicas(t, "alpha", 3)
+	scaled := time.Now()
+	framework.Eventually(t, "every konnectivity-server has an agent", 2*time.Minute, func() error {
+		return everyServerHasAgents(e, t)
+	})
+	t.Logf("FIGURE after a scale 2→3, every konnectivity-server had the agent connected within %s", time.Since(scaled).Round(time.Millisecond))
+	e.setReplicas(t, "alpha", 2)
+	e.waitReplicas(t, "alpha", 2)
+
 	// The kubelet serves with a certificate the agent approved after
 	// checking the CSR against the Host.
 	csrs, err := cs.CertificatesV1().CertificateSigningRequests().List(e.Ctx, metav1.ListOptions{})
@@ -571,4 +587,42 @@ func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image 
 			t.Errorf("join token %s left behind", s.Name)
 		}
 	}
+}
+
+// everyServerHasAgents reads konnectivity-server's metrics (health port,
+// /metrics) in every control-plane pod of alpha.
+func everyServerHasAgents(e *env, t *testing.T) error {
+	var pods corev1.PodList
+	if err := e.C.List(e.Ctx, &pods, client.InNamespace(framework.TenantsNS), client.MatchingLabels(render.SelectorLabels(e.TCP(t, "alpha")))); err != nil {
+		return err
+	}
+	n := 0
+	for _, p := range pods.Items {
+		if p.Status.PodIP == "" || !p.DeletionTimestamp.IsZero() || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		n++
+		resp, err := http.Get(fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, tenant.KonnectivityHealthPort))
+		if err != nil {
+			return err
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		connected := false
+		for _, line := range strings.Split(string(body), "\n") {
+			if v, ok := strings.CutPrefix(line, "konnectivity_network_proxy_server_ready_backend_connections "); ok && strings.TrimSpace(v) != "0" {
+				connected = true
+			}
+		}
+		if !connected {
+			return fmt.Errorf("konnectivity-server in %s has no agent", p.Name)
+		}
+	}
+	if n != 3 {
+		return fmt.Errorf("%d control-plane pods running, want 3", n)
+	}
+	return nil
 }
