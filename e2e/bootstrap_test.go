@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,18 +48,7 @@ func (e *env) testKubeadmBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	kc := e.ExportKubeconfig(t, "alpha")
-	kubeadm, err := testenv.KubeBinary("kubeadm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.CommandContext(e.Ctx, kubeadm, "token", "create", "--print-join-command", "--kubeconfig", kc).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubeadm token create: %v\n%s", err, out)
-	}
-	m := joinCommand.FindStringSubmatch(string(out))
-	if m == nil {
-		t.Fatalf("no join command in: %s", out)
-	}
+	_, m := kubeadmJoinCommand(t, e, kc)
 	endpoint, tokenID, tokenSecret, caHash := m[1], m[2], m[3], m[4]
 	if "https://"+endpoint != tcp.Status.Endpoint {
 		t.Errorf("join command endpoint %s, tenant endpoint %s", endpoint, tcp.Status.Endpoint)
@@ -180,4 +170,25 @@ func (e *env) tenantClient(t *testing.T, kubeconfig string) *kubernetes.Clientse
 		t.Fatal(err)
 	}
 	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+// kubeadmJoinCommand runs the real `kubeadm token create
+// --print-join-command` against a tenant and returns the command and its
+// parts (endpoint, token ID, token secret, CA hash).
+func kubeadmJoinCommand(t *testing.T, e *env, kubeconfig string) (string, []string) {
+	t.Helper()
+	kubeadm, err := testenv.KubeBinary("kubeadm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(e.Ctx, kubeadm, "token", "create", "--print-join-command", "--kubeconfig", kubeconfig).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubeadm token create: %v\n%s", err, out)
+	}
+	join := strings.TrimSpace(string(out))
+	m := joinCommand.FindStringSubmatch(join)
+	if m == nil {
+		t.Fatalf("no join command in: %s", out)
+	}
+	return join, m
 }

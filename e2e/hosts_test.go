@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -20,12 +19,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
 	"github.com/apiaryhq/apiary/hosts"
-	"github.com/apiaryhq/apiary/internal/testenv"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
@@ -283,15 +282,7 @@ func (e *env) testHostJoin(t *testing.T, d *sshhost.Docker, h *sshhost.Host, nam
 	if host.Status.BootstrapTokenID != "" {
 		t.Errorf("the join token %s is still recorded", host.Status.BootstrapTokenID)
 	}
-	secrets, err := cs.CoreV1().Secrets("kube-system").List(e.Ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range secrets.Items {
-		if strings.Contains(string(s.Data["description"]), "apiary: join of Host") {
-			t.Errorf("join token %s left behind", s.Name)
-		}
-	}
+	noJoinTokenLeft(t, e, cs)
 	t.Logf("Node %s: kubelet %s, conditions %v", node.Name, node.Status.NodeInfo.KubeletVersion, nodeConditions(node))
 	if node.Status.NodeInfo.KubeletVersion != "v1.37.2" {
 		t.Errorf("kubelet version %q", node.Status.NodeInfo.KubeletVersion)
@@ -468,18 +459,7 @@ func (e *env) testHandJoin(t *testing.T, d *sshhost.Docker, image string) {
 		t.Fatal(err)
 	}
 
-	kubeadm, err := testenv.KubeBinary("kubeadm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.CommandContext(e.Ctx, kubeadm, "token", "create", "--print-join-command", "--kubeconfig", kc).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubeadm token create: %v\n%s", err, out)
-	}
-	join := strings.TrimSpace(string(out))
-	if !joinCommand.MatchString(join) {
-		t.Fatalf("not a join command: %s", join)
-	}
+	join, _ := kubeadmJoinCommand(t, e, kc)
 	// What a user of this (cgroup v1, containerized) machine adds: the
 	// kubelet's opt-in for cgroup v1, and skipping the kernel-config check
 	// (no /lib/modules in the container).
@@ -578,15 +558,7 @@ func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image 
 	if n != 1 {
 		t.Errorf("%d Nodes named survivor", n)
 	}
-	secrets, err := cs.CoreV1().Secrets("kube-system").List(e.Ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range secrets.Items {
-		if strings.Contains(string(s.Data["description"]), "apiary: join of Host") {
-			t.Errorf("join token %s left behind", s.Name)
-		}
-	}
+	noJoinTokenLeft(t, e, cs)
 }
 
 // everyServerHasAgents reads konnectivity-server's metrics (health port,
@@ -625,4 +597,19 @@ func everyServerHasAgents(e *env, t *testing.T) error {
 		return fmt.Errorf("%d control-plane pods running, want 3", n)
 	}
 	return nil
+}
+
+// noJoinTokenLeft fails when a bootstrap token the agent made is still in
+// the tenant.
+func noJoinTokenLeft(t *testing.T, e *env, cs kubernetes.Interface) {
+	t.Helper()
+	secrets, err := cs.CoreV1().Secrets("kube-system").List(e.Ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if strings.Contains(string(s.Data["description"]), "apiary: join of Host") {
+			t.Errorf("join token %s left behind", s.Name)
+		}
+	}
 }

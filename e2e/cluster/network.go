@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+
+	"github.com/apiaryhq/apiary/internal/iptables"
 )
 
 // primaryIPv4 is the IPv4 address of the interface that holds the default
@@ -132,55 +134,12 @@ func cleanIptables(ctx context.Context) (int, error) {
 	return total, errors.Join(errs...)
 }
 
-// iptablesCleanupScript turns the iptables-save output of one table into an
-// iptables-restore --noflush script that deletes the rules of non-owned
-// chains that jump to owned chains, then flushes and deletes the owned
-// chains. n is the number of owned chains.
+// iptablesCleanupScript removes the cluster's KUBE-* and CNI-* chains.
 func iptablesCleanupScript(table, save string) (script string, n int) {
-	var chains, deletes []string
-	for _, line := range strings.Split(save, "\n") {
-		switch {
-		case strings.HasPrefix(line, ":"):
-			name := strings.Fields(line[1:])[0]
-			if ownedChain.MatchString(name) {
-				chains = append(chains, name)
-			}
-		case strings.HasPrefix(line, "-A "):
-			f := strings.Fields(line)
-			if len(f) < 2 || ownedChain.MatchString(f[1]) {
-				continue
-			}
-			if jumpsToOwned(f) {
-				deletes = append(deletes, "-D"+line[2:])
-			}
-		}
-	}
-	if len(chains) == 0 && len(deletes) == 0 {
-		return "", 0
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%s\n", table)
-	for _, d := range deletes {
-		b.WriteString(d + "\n")
-	}
-	for _, ch := range chains {
-		fmt.Fprintf(&b, "-F %s\n", ch)
-	}
-	for _, ch := range chains {
-		fmt.Fprintf(&b, "-X %s\n", ch)
-	}
-	b.WriteString("COMMIT\n")
-	return b.String(), max(len(chains), 1)
+	return iptables.CleanupScript(table, save, ownedChain)
 }
 
-func jumpsToOwned(fields []string) bool {
-	for i := 0; i+1 < len(fields); i++ {
-		if (fields[i] == "-j" || fields[i] == "-g" || fields[i] == "--jump" || fields[i] == "--goto") && ownedChain.MatchString(fields[i+1]) {
-			return true
-		}
-	}
-	return false
-}
+func jumpsToOwned(fields []string) bool { return iptables.JumpsTo(fields, ownedChain) }
 
 func runStdin(ctx context.Context, stdin string, name string, args ...string) (string, error) {
 	path, err := lookPath(name)

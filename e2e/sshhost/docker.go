@@ -38,6 +38,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/apiaryhq/apiary/internal/iptables"
 )
 
 // Fixed places of the daemon this package starts. They are fixed (not per
@@ -533,46 +535,10 @@ func cleanDockerIptables(ctx context.Context) (int, error) {
 	return total, errors.Join(errs...)
 }
 
-// iptablesCleanupScript turns the iptables-save output of one table into
-// an iptables-restore --noflush script that deletes the jumps of other
-// chains into DOCKER* chains, then flushes and deletes those chains.
+// iptablesCleanupScript removes dockerd's DOCKER* chains and the jumps
+// into them.
 func iptablesCleanupScript(table, save string) (string, int) {
-	var chains, deletes []string
-	for _, line := range strings.Split(save, "\n") {
-		switch {
-		case strings.HasPrefix(line, ":"):
-			if name := strings.Fields(line[1:])[0]; dockerChain.MatchString(name) {
-				chains = append(chains, name)
-			}
-		case strings.HasPrefix(line, "-A "):
-			f := strings.Fields(line)
-			if len(f) < 2 || dockerChain.MatchString(f[1]) {
-				continue
-			}
-			for i := 0; i+1 < len(f); i++ {
-				if (f[i] == "-j" || f[i] == "-g") && dockerChain.MatchString(f[i+1]) {
-					deletes = append(deletes, "-D"+line[2:])
-					break
-				}
-			}
-		}
-	}
-	if len(chains) == 0 && len(deletes) == 0 {
-		return "", 0
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%s\n", table)
-	for _, l := range deletes {
-		b.WriteString(l + "\n")
-	}
-	for _, c := range chains {
-		fmt.Fprintf(&b, "-F %s\n", c)
-	}
-	for _, c := range chains {
-		fmt.Fprintf(&b, "-X %s\n", c)
-	}
-	b.WriteString("COMMIT\n")
-	return b.String(), max(len(chains), 1)
+	return iptables.CleanupScript(table, save, dockerChain)
 }
 
 // run runs the docker CLI against d's socket. stdin may be nil.

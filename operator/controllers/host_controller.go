@@ -207,28 +207,14 @@ func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host, step *ap
 	st := &h.Status
 
 	fail := func(cond, reason, msg string) ctrl.Result {
-		finished := metav1.NewTime(r.Now())
-		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
-		st.Phase = apiary.HostPhaseFailed
-		r.setCondition(h, cond, metav1.ConditionFalse, reason, msg)
-		if cond == apiary.HostConditionReachable {
-			r.setCondition(h, apiary.HostConditionPreflightPassed, metav1.ConditionFalse, ReasonNotConnected, "preflight needs an SSH connection")
-		}
-		log.FromContext(ctx).Info("host step failed", "step", StepPreflight, "reason", reason, "message", msg, "attempt", step.Attempts)
-		return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+		return r.failStep(ctx, h, step, cond, reason, msg)
 	}
-
-	target, reason, err := r.target(ctx, h)
+	c, reason, err := r.connect(ctx, h)
 	if err != nil {
+		r.setCondition(h, apiary.HostConditionPreflightPassed, metav1.ConditionFalse, ReasonNotConnected, "preflight needs an SSH connection")
 		return fail(apiary.HostConditionReachable, reason, err.Error())
 	}
-	c, err := hosts.Dial(ctx, target)
-	if err != nil {
-		return fail(apiary.HostConditionReachable, hosts.ReasonOf(err), err.Error())
-	}
 	defer c.Close()
-	r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionTrue, ReasonConnected,
-		fmt.Sprintf("%s@%s:%d over SSH, host key %s", target.User, target.Address, target.Port, st.HostKeyCheck))
 
 	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -240,14 +226,48 @@ func (r *HostReconciler) preflight(ctx context.Context, h *apiary.Host, step *ap
 	if len(report.Problems) > 0 {
 		return fail(apiary.HostConditionPreflightPassed, ReasonPreflightFailed, strings.Join(report.Problems, "; "))
 	}
-	finished := metav1.NewTime(r.Now())
-	step.Finished, step.Result = &finished, StepSucceeded
-	step.Message = fmt.Sprintf("%s, %s, kernel %s, %s %s", report.Facts.OS, report.Facts.Arch, report.Facts.Kernel,
-		report.Facts.ContainerRuntime, report.Facts.ContainerRuntimeVersion)
+	r.succeedStep(step, fmt.Sprintf("%s, %s, kernel %s, %s %s", report.Facts.OS, report.Facts.Arch, report.Facts.Kernel,
+		report.Facts.ContainerRuntime, report.Facts.ContainerRuntimeVersion))
 	r.setCondition(h, apiary.HostConditionPreflightPassed, metav1.ConditionTrue, ReasonPreflightPassed, "the host can run a kubelet: "+step.Message)
 	// Installing and joining come next; until then the host waits here.
 	st.Phase = apiary.HostPhasePreflight
 	return ctrl.Result{}
+}
+
+// connect dials the host and sets Reachable.
+func (r *HostReconciler) connect(ctx context.Context, h *apiary.Host) (*hosts.Client, string, error) {
+	target, reason, err := r.target(ctx, h)
+	if err == nil {
+		var c *hosts.Client
+		if c, err = hosts.Dial(ctx, target); err == nil {
+			r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionTrue, ReasonConnected,
+				fmt.Sprintf("%s@%s:%d over SSH, host key %s", target.User, target.Address, target.Port, h.Status.HostKeyCheck))
+			return c, "", nil
+		}
+		reason = hosts.ReasonOf(err)
+	}
+	r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionFalse, reason, err.Error())
+	return nil, reason, err
+}
+
+// failStep ends a step as failed: its condition says why, and the next
+// attempt waits for the backoff. A tenant that is merely not Ready yet does
+// not make the Host Failed.
+func (r *HostReconciler) failStep(ctx context.Context, h *apiary.Host, step *apiary.HostStep, cond, reason, msg string) ctrl.Result {
+	finished := metav1.NewTime(r.Now())
+	step.Finished, step.Result, step.Message = &finished, StepFailed, msg
+	if reason != ReasonTenantNotReady {
+		h.Status.Phase = apiary.HostPhaseFailed
+	}
+	r.setCondition(h, cond, metav1.ConditionFalse, reason, msg)
+	log.FromContext(ctx).Info("host step failed", "step", step.Name, "reason", reason, "message", msg, "attempt", step.Attempts)
+	return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+}
+
+// succeedStep ends a step.
+func (r *HostReconciler) succeedStep(step *apiary.HostStep, msg string) {
+	finished := metav1.NewTime(r.Now())
+	step.Finished, step.Result, step.Message = &finished, StepSucceeded, msg
 }
 
 // startStep records that a step begins (again).
@@ -265,14 +285,8 @@ func (r *HostReconciler) startStep(st *apiary.HostStatus, name string) *apiary.H
 // install copies the node bundle of the tenant's version to the host and
 // installs it.
 func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
-	st := &h.Status
 	fail := func(reason, msg string) ctrl.Result {
-		finished := metav1.NewTime(r.Now())
-		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
-		st.Phase = apiary.HostPhaseFailed
-		r.setCondition(h, apiary.HostConditionInstalled, metav1.ConditionFalse, reason, msg)
-		log.FromContext(ctx).Info("host step failed", "step", StepInstall, "reason", reason, "message", msg, "attempt", step.Attempts)
-		return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+		return r.failStep(ctx, h, step, apiary.HostConditionInstalled, reason, msg)
 	}
 	var tcp apiary.TenantControlPlane
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil {
@@ -292,22 +306,15 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 	if err != nil {
 		return fail(ReasonInstallFailed, err.Error())
 	}
-	target, reason, err := r.target(ctx, h)
+	c, _, err := r.connect(ctx, h)
 	if err != nil {
-		return fail(reason, err.Error())
-	}
-	c, err := hosts.Dial(ctx, target)
-	if err != nil {
-		r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionFalse, hosts.ReasonOf(err), err.Error())
 		return fail(ReasonInstallFailed, err.Error())
 	}
 	defer c.Close()
 	if err := hosts.Install(installCtx, c, bundle); err != nil {
 		return fail(ReasonInstallFailed, err.Error())
 	}
-	finished := metav1.NewTime(r.Now())
-	step.Finished, step.Result = &finished, StepSucceeded
-	step.Message = fmt.Sprintf("kubelet, kubeadm, kubectl %s and CNI plugins from %s", tcp.Spec.Version, bundle.Ref)
+	r.succeedStep(step, fmt.Sprintf("kubelet, kubeadm, kubectl %s and CNI plugins from %s", tcp.Spec.Version, bundle.Ref))
 	r.setCondition(h, apiary.HostConditionInstalled, metav1.ConditionTrue, ReasonInstalled, step.Message)
 	return ctrl.Result{}
 }

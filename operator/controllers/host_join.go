@@ -176,14 +176,7 @@ func (r *HostReconciler) deleteJoinToken(ctx context.Context, h *apiary.Host, ta
 func (r *HostReconciler) join(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
 	st := &h.Status
 	fail := func(reason, msg string) ctrl.Result {
-		finished := metav1.NewTime(r.Now())
-		step.Finished, step.Result, step.Message = &finished, StepFailed, msg
-		if reason != ReasonTenantNotReady {
-			st.Phase = apiary.HostPhaseFailed
-		}
-		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, reason, msg)
-		log.FromContext(ctx).Info("host step failed", "step", StepJoin, "reason", reason, "message", msg, "attempt", step.Attempts)
-		return ctrl.Result{RequeueAfter: r.retryAfter(step)}
+		return r.failStep(ctx, h, step, apiary.HostConditionJoined, reason, msg)
 	}
 	ta, reason, err := r.tenant(ctx, h)
 	if err != nil {
@@ -208,13 +201,8 @@ func (r *HostReconciler) join(ctx context.Context, h *apiary.Host, step *apiary.
 	if err != nil {
 		return fail(ReasonJoinFailed, err.Error())
 	}
-	target, reason, err := r.target(ctx, h)
+	c, _, err := r.connect(ctx, h)
 	if err != nil {
-		return fail(reason, err.Error())
-	}
-	c, err := hosts.Dial(ctx, target)
-	if err != nil {
-		r.setCondition(h, apiary.HostConditionReachable, metav1.ConditionFalse, hosts.ReasonOf(err), err.Error())
 		return fail(ReasonJoinFailed, err.Error())
 	}
 	defer c.Close()
@@ -227,12 +215,11 @@ func (r *HostReconciler) join(ctx context.Context, h *apiary.Host, step *apiary.
 	if err := r.deleteJoinToken(ctx, h, ta); err != nil {
 		return fail(ReasonJoinFailed, err.Error())
 	}
-	finished := metav1.NewTime(r.Now())
-	step.Finished, step.Result = &finished, StepSucceeded
-	step.Message = fmt.Sprintf("kubeadm join %s as Node %s", ta.endpoint, nodeName(h))
+	msg := fmt.Sprintf("kubeadm join %s as Node %s", ta.endpoint, nodeName(h))
 	if res.AlreadyJoined {
-		step.Message += " (had joined before the operator restarted)"
+		msg += " (had joined before the operator restarted)"
 	}
+	r.succeedStep(step, msg)
 	st.NodeName = nodeName(h)
 	r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionTrue, ReasonJoined, step.Message)
 	return ctrl.Result{}
@@ -409,11 +396,7 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 	}
 	if installed {
 		st.Phase = apiary.HostPhaseResetting
-		target, _, err := r.target(ctx, h)
-		if err != nil {
-			return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
-		}
-		c, err := hosts.Dial(ctx, target)
+		c, _, err := r.connect(ctx, h)
 		if err != nil {
 			return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
 		}
