@@ -61,8 +61,12 @@ A tenant's state lives in a DataStore: a cluster-scoped object naming a shared
 etcd, on which each tenant gets its own key prefix, user and role.
 
 The status of a tenant is summarised by its conditions (DataStoreReady,
-CertificatesReady, EndpointReady, ControlPlaneAvailable and Ready) and its
-phase (Provisioning, Ready, NotReady or Deleting).
+CertificatesReady, EndpointReady, ControlPlaneAvailable, TenantBootstrapped
+and Ready) and its phase (Provisioning, Ready, NotReady or Deleting).
+
+Machines join a tenant as Nodes through Host objects ("apiary host add"): the
+operator reaches them over SSH with a pinned host key, checks them, installs
+the node software and runs kubeadm join.
 
 The commands below talk to the management cluster with your own kubeconfig:
 --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context selects a

@@ -139,8 +139,9 @@ type TenantControlPlaneStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Conditions: DataStoreReady, CertificatesReady, EndpointReady,
-	// ControlPlaneAvailable and Ready (all of them, and the tenant API
-	// answering through its endpoint).
+	// ControlPlaneAvailable, TenantBootstrapped (the kubeadm bootstrap and
+	// addons applied inside the tenant) and Ready (all of them, and the
+	// tenant API answering through its endpoint).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
