@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -10,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/apiaryhq/apiary/cli"
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
 	"github.com/apiaryhq/apiary/hosts"
@@ -193,6 +197,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 	e.testHostJoin(t, d, h, "good")
 	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })
 	t.Run("OperatorKilledWhileInstalling", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
+	t.Run("HostAddListRemoveCLI", func(t *testing.T) { e.testHostCLI(t, d, image) })
 
 	// Bad input is refused at admission, naming the field.
 	bad := newHost("bad-key", h.Address, "e2e-host-key", "ssh-ed25519 not-a-key")
@@ -611,5 +616,65 @@ func noJoinTokenLeft(t *testing.T, e *env, cs kubernetes.Interface) {
 		if strings.Contains(string(s.Data["description"]), "apiary: join of Host") {
 			t.Errorf("join token %s left behind", s.Name)
 		}
+	}
+}
+
+// testHostCLI adds a machine with `apiary host add` as a user does (the
+// host key read from the machine and pinned with --yes), lists it, and
+// removes it with `apiary host remove --wait`.
+func (e *env) testHostCLI(t *testing.T, d *sshhost.Docker, image string) {
+	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-cli", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	keyFile := filepath.Join(t.TempDir(), "id_ed25519")
+	if err := os.WriteFile(keyFile, h.PrivateKeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	apiaryCLI := func(args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		cmd := cli.NewHostCommand(&cli.ConfigFlags{Kubeconfig: e.Kubeconfig, Namespace: framework.TenantsNS})
+		cmd.SetArgs(args)
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		cmd.SetIn(strings.NewReader(""))
+		if err := cmd.ExecuteContext(e.Ctx); err != nil {
+			t.Fatalf("apiary host %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	out := apiaryCLI("add", "cli-added", "--tenant", "alpha", "--address", h.Address, "--ssh-key-file", keyFile, "--yes")
+	if !strings.Contains(out, ssh.FingerprintSHA256(h.HostKey)) {
+		t.Errorf("host add did not show the host key's fingerprint %s:\n%s", ssh.FingerprintSHA256(h.HostKey), out)
+	}
+	var host apiary.Host
+	key := client.ObjectKey{Namespace: framework.TenantsNS, Name: "cli-added"}
+	if err := e.C.Get(e.Ctx, key, &host); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteHostAndWait(t, e, &host) })
+	if host.Spec.HostKey != h.HostKeyAuthorized {
+		t.Errorf("pinned %q, the host's key is %q", host.Spec.HostKey, h.HostKeyAuthorized)
+	}
+	var sec corev1.Secret
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: "cli-added-ssh"}, &sec); err != nil || sec.Type != corev1.SecretTypeSSHAuth {
+		t.Errorf("key Secret: %v (type %s)", err, sec.Type)
+	}
+	framework.Eventually(t, "cli-added joined", 5*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, key, &host); err != nil {
+			return err
+		}
+		return framework.ConditionIs(host.Status.Conditions, apiary.HostConditionJoined, metav1.ConditionTrue, controllers.ReasonJoined)
+	})
+	if list := apiaryCLI("list"); !strings.Contains(list, "cli-added") || !strings.Contains(list, "alpha") {
+		t.Errorf("host list:\n%s", list)
+	}
+	if out := apiaryCLI("remove", "cli-added", "--wait", "3m"); !strings.Contains(out, "removed") {
+		t.Errorf("host remove: %s", out)
+	}
+	if err := e.C.Get(e.Ctx, key, &apiary.Host{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Host after remove --wait: %v", err)
 	}
 }
