@@ -241,7 +241,7 @@ func (r *HostReconciler) observeNode(ctx context.Context, h *apiary.Host) ctrl.R
 	node, err := ta.cs.CoreV1().Nodes().Get(ctx, nodeName(h), metav1.GetOptions{})
 	if err != nil {
 		r.setCondition(h, apiary.HostConditionNodeReady, metav1.ConditionFalse, ReasonNodeNotFound, fmt.Sprintf("Node %s: %v", nodeName(h), err))
-		return ctrl.Result{RequeueAfter: 10 * time.Second}
+		return ctrl.Result{RequeueAfter: r.nodePoll(h)}
 	}
 	if st.NodeUID != "" && st.NodeUID != string(node.UID) {
 		r.setCondition(h, apiary.HostConditionNodeReady, metav1.ConditionFalse, ReasonNodeNotFound,
@@ -272,7 +272,18 @@ func (r *HostReconciler) observeNode(ctx context.Context, h *apiary.Host) ctrl.R
 		return ctrl.Result{RequeueAfter: 5 * time.Minute}
 	}
 	st.Phase = apiary.HostPhaseJoining
-	return ctrl.Result{RequeueAfter: 10 * time.Second}
+	return ctrl.Result{RequeueAfter: r.nodePoll(h)}
+}
+
+// nodePoll is how often a joined Node that is not Ready is looked at: often
+// right after the join (a pod network usually follows within a minute),
+// then every minute — a tenant without a pod network must not cost a
+// reconcile every few seconds per host.
+func (r *HostReconciler) nodePoll(h *apiary.Host) time.Duration {
+	if step := journalStep(&h.Status, StepJoin); step != nil && step.Finished != nil && r.Now().Sub(step.Finished.Time) > 2*time.Minute {
+		return time.Minute
+	}
+	return 10 * time.Second
 }
 
 // applyNodeMetadata adds the Host's labels and taints to the Node (those
