@@ -110,6 +110,17 @@ func (f *ConfigFlags) NewClient(warnings io.Writer) (client.Client, error) {
 
 var quietControllerRuntime sync.Once
 
+// NamespacedClient resolves the namespace and makes a client, for commands
+// that work in one namespace; API warnings go to warnings.
+func (f *ConfigFlags) NamespacedClient(warnings io.Writer) (string, client.Client, error) {
+	ns, err := f.ResolveNamespace()
+	if err != nil {
+		return "", nil, err
+	}
+	c, err := f.NewClient(warnings)
+	return ns, c, err
+}
+
 // kubeconfigError explains a failure to load the user's kubeconfig.
 func kubeconfigError(err error) error {
 	if clientcmd.IsEmptyConfig(err) {

@@ -87,11 +87,7 @@ removed again.`,
     --host-key "$(cat node-2.pub)" --label pool=gpu --taint nvidia.com/gpu=true:NoSchedule`,
 		Args: exactlyOneHostName,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ns, err := flags.ResolveNamespace()
-			if err != nil {
-				return err
-			}
-			c, err := flags.NewClient(cmd.ErrOrStderr())
+			ns, c, err := flags.NamespacedClient(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -246,11 +242,7 @@ give up on the machine.`,
   apiary host remove node-1 -n team-a --wait 10m`,
 		Args: exactlyOneHostName,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ns, err := flags.ResolveNamespace()
-			if err != nil {
-				return err
-			}
-			c, err := flags.NewClient(cmd.ErrOrStderr())
+			ns, c, err := flags.NamespacedClient(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

@@ -204,11 +204,7 @@ warning goes to stderr).`,
 		Args:              exactlyOneName,
 		ValidArgsFunction: completeTenantNames(flags),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ns, err := flags.ResolveNamespace()
-			if err != nil {
-				return err
-			}
-			c, err := flags.NewClient(cmd.ErrOrStderr())
+			ns, c, err := flags.NamespacedClient(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

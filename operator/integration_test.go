@@ -151,21 +151,10 @@ func (s *suite) must(err error) {
 	}
 }
 
-// eventually polls f until it returns nil, failing the running test with
-// the last error after timeout.
+// eventually is testenv.Eventually.
 func eventually(t *testing.T, what string, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, what, timeout, f)
 }
 
 func (s *suite) eventually(what string, timeout time.Duration, f func() error) {

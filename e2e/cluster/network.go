@@ -11,7 +11,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/apiaryhq/apiary/internal/iptables"
+	"github.com/apiaryhq/apiary/internal/hostnet"
 )
 
 // primaryIPv4 is the IPv4 address of the interface that holds the default
@@ -74,20 +74,6 @@ func (c *Cluster) ensureLBRoute(ctx context.Context) error {
 	return err
 }
 
-// ensureIPForward turns IPv4 forwarding on (the bridge plugin would too, at
-// the first pod). It is left on by Down: Docker needs it as well.
-func ensureIPForward() error {
-	const f = "/proc/sys/net/ipv4/ip_forward"
-	b, err := os.ReadFile(f)
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(string(b)) == "1" {
-		return nil
-	}
-	return os.WriteFile(f, []byte("1\n"), 0o644)
-}
-
 // deleteLinks removes the CNI bridge and the LoadBalancer bridge (its route
 // goes with it). veth peers went with the pod network namespaces.
 func deleteLinks(ctx context.Context) error {
@@ -136,10 +122,10 @@ func cleanIptables(ctx context.Context) (int, error) {
 
 // iptablesCleanupScript removes the cluster's KUBE-* and CNI-* chains.
 func iptablesCleanupScript(table, save string) (script string, n int) {
-	return iptables.CleanupScript(table, save, ownedChain)
+	return hostnet.CleanupScript(table, save, ownedChain)
 }
 
-func jumpsToOwned(fields []string) bool { return iptables.JumpsTo(fields, ownedChain) }
+func jumpsToOwned(fields []string) bool { return hostnet.JumpsTo(fields, ownedChain) }
 
 func runStdin(ctx context.Context, stdin string, name string, args ...string) (string, error) {
 	path, err := lookPath(name)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/apiaryhq/apiary/internal/hostnet"
 )
 
 // Up starts whatever part of the cluster is not running and waits until the
@@ -45,7 +47,7 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 		if err := c.recordHostPaths(); err != nil {
 			return err
 		}
-		if err := ensureIPForward(); err != nil {
+		if err := hostnet.EnsureIPForward(); err != nil {
 			return err
 		}
 		return c.writeConfigs()

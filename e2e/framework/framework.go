@@ -215,19 +215,10 @@ func (e *Env) Eventually(what string, timeout time.Duration, f func() error) {
 	Eventually(e.T, what, timeout, f)
 }
 
+// Eventually is testenv.Eventually, for the e2e tests' convenience.
 func Eventually(t testing.TB, what string, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testenv.Eventually(t, what, timeout, f)
 }
 
 func ConditionIs(conds []metav1.Condition, typ string, status metav1.ConditionStatus, reason string) error {

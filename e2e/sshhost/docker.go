@@ -39,7 +39,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/apiaryhq/apiary/internal/iptables"
+	"github.com/apiaryhq/apiary/internal/hostnet"
 )
 
 // Fixed places of the daemon this package starts. They are fixed (not per
@@ -210,7 +210,7 @@ func (d *Docker) start(ctx context.Context) error {
 	if err := os.WriteFile(cfg, []byte("{}\n"), 0o644); err != nil {
 		return err
 	}
-	if err := ensureIPForward(); err != nil {
+	if err := hostnet.EnsureIPForward(); err != nil {
 		return fmt.Errorf("turning on IPv4 forwarding: %w", err)
 	}
 	// A dead daemon's socket and pidfile stop a new one from starting.
@@ -279,18 +279,6 @@ func daemonEnv() []string {
 		env = append(env, kv)
 	}
 	return append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-}
-
-func ensureIPForward() error {
-	const f = "/proc/sys/net/ipv4/ip_forward"
-	b, err := os.ReadFile(f)
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(string(b)) == "1" {
-		return nil
-	}
-	return os.WriteFile(f, []byte("1\n"), 0o644)
 }
 
 // ping asks the daemon's /_ping over its socket.
@@ -538,7 +526,7 @@ func cleanDockerIptables(ctx context.Context) (int, error) {
 // iptablesCleanupScript removes dockerd's DOCKER* chains and the jumps
 // into them.
 func iptablesCleanupScript(table, save string) (string, int) {
-	return iptables.CleanupScript(table, save, dockerChain)
+	return hostnet.CleanupScript(table, save, dockerChain)
 }
 
 // run runs the docker CLI against d's socket. stdin may be nil.

@@ -392,14 +392,10 @@ func (d *Docker) EnsureImage(ctx context.Context, logf func(string, ...any)) (st
 		return "", err
 	}
 	files := imageFiles(cache)
-	if err := checkSources(files); err != nil {
-		return "", err
-	}
-	h, err := recipeHash(files)
+	tag, err := ImageTag()
 	if err != nil {
 		return "", err
 	}
-	tag := ImageRepo + ":" + h
 	if _, err := d.run(ctx, nil, "image", "inspect", "--format", "{{.Id}}", tag); err == nil {
 		logf("sshhost: image %s is cached", tag)
 		return tag, nil

@@ -67,24 +67,7 @@ http:
 `, filepath.Join(dir, "data"), addr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "registry.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(registry, "serve", cfg)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("registry log:\n%s", b)
-		}
-	})
+	startLogged(t, filepath.Join(dir, "registry.log"), exec.Command(registry, "serve", cfg))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, err := http.Get("http://" + addr + "/v2/")
@@ -450,24 +433,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 `, dir, sock)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cd := exec.Command(filepath.Join(cdDir, "containerd"), "--config", cfg)
-	cd.Stdout, cd.Stderr = logf, logf
-	if err := cd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cd.Process.Kill()
-		cd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("containerd log:\n%s", b)
-		}
-	})
+	startLogged(t, filepath.Join(dir, "containerd.log"), exec.Command(filepath.Join(cdDir, "containerd"), "--config", cfg))
 	ctr := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, filepath.Join(cdDir, "ctr"), append([]string{"-a", sock, "-n", "k8s.io"}, args...)...)
 		out, err := cmd.CombinedOutput()
@@ -573,4 +539,27 @@ func TestNodeBundle(t *testing.T) {
 	d, _ := img.Digest()
 	size, _ := imageSize(img)
 	t.Logf("%s %s (%.1f MB)", imgs[0].Ref, d, float64(size)/1e6)
+}
+
+// startLogged starts cmd with its output in logPath, kills it when the test
+// ends, and shows the log if the test failed.
+func startLogged(t *testing.T, logPath string, cmd *exec.Cmd) {
+	t.Helper()
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s:\n%s", logPath, b)
+		}
+	})
 }

@@ -373,17 +373,10 @@ func (r *DataStoreReconciler) writeStatus(ctx context.Context, orig, ds *apiary.
 	if equality.Semantic.DeepEqual(base, ds.Status) {
 		return nil
 	}
-	for _, c := range ds.Status.Conditions {
-		old := meta.FindStatusCondition(base.Conditions, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
-			continue
-		}
-		typ := corev1.EventTypeNormal
-		if (c.Type == apiary.ConditionReady) != (c.Status == metav1.ConditionTrue) {
-			typ = corev1.EventTypeWarning
-		}
-		r.Recorder.Eventf(ds, nil, typ, c.Reason, c.Type, "%s=%s: %s", c.Type, c.Status, c.Message)
-	}
+	// DeletionBlocked is bad news when True; the others when not True.
+	recordTransitions(r.Recorder, ds, base.Conditions, ds.Status.Conditions, func(c metav1.Condition) bool {
+		return (c.Type == ConditionDeletionBlocked) == (c.Status == metav1.ConditionTrue)
+	})
 	before := orig.DeepCopy()
 	before.Status = base
 	updated := before.DeepCopy()

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -386,26 +385,17 @@ func (r *HostReconciler) writeStatus(ctx context.Context, orig, h *apiary.Host) 
 	if equality.Semantic.DeepEqual(base, h.Status) {
 		return nil
 	}
-	for _, c := range h.Status.Conditions {
-		old := meta.FindStatusCondition(base.Conditions, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
-			continue
-		}
-		typ := corev1.EventTypeNormal
-		if c.Status != metav1.ConditionTrue {
-			typ = corev1.EventTypeWarning
-		}
-		r.Recorder.Eventf(h, nil, typ, c.Reason, c.Type, "%s", c.Message)
-	}
-	patch := client.MergeFrom(orig.DeepCopy())
-	updated := orig.DeepCopy()
+	recordTransitions(r.Recorder, h, base.Conditions, h.Status.Conditions, func(c metav1.Condition) bool {
+		return c.Status != metav1.ConditionTrue
+	})
+	// Patch from what the API server holds (the memo), not the cache.
+	before := orig.DeepCopy()
+	before.Status = base
+	updated := before.DeepCopy()
 	updated.Status = h.Status
-	if err := r.Client.Status().Patch(ctx, updated, patch, client.FieldOwner(FieldOwner)); err != nil {
+	if err := r.Client.Status().Patch(ctx, updated, client.MergeFrom(before), client.FieldOwner(FieldOwner)); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
-		}
-		if apierrors.IsConflict(err) {
-			return errors.Join(errCacheBehind, err)
 		}
 		return fmt.Errorf("writing status: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -72,7 +73,7 @@ func (r *HostReconciler) tenant(ctx context.Context, h *apiary.Host) (*tenantAcc
 		return nil, ReasonTenantNotReady, err
 	}
 	tcp.Default()
-	if c := findCondition(tcp.Status.Conditions, apiary.ConditionReady); c == nil || c.Status != metav1.ConditionTrue || tcp.Status.Endpoint == "" {
+	if !meta.IsStatusConditionTrue(tcp.Status.Conditions, apiary.ConditionReady) || tcp.Status.Endpoint == "" {
 		return nil, ReasonTenantNotReady, fmt.Errorf("TenantControlPlane %s is not Ready yet", tcp.Name)
 	}
 	var kc, ca corev1.Secret
@@ -93,15 +94,6 @@ func (r *HostReconciler) tenant(ctx context.Context, h *apiary.Host) (*tenantAcc
 	}
 	return &tenantAccess{tcp: &tcp, cs: cs, caPEM: ca.Data[render.KeyTLSCert],
 		endpoint: strings.TrimPrefix(tcp.Status.Endpoint, "https://")}, "", nil
-}
-
-func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
-	for i := range conds {
-		if conds[i].Type == typ {
-			return &conds[i]
-		}
-	}
-	return nil
 }
 
 // caCertHash is kubeadm's discovery hash: sha256 of the CA's public key.

@@ -3,7 +3,12 @@ package controllers
 import (
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 )
 
 // statusMemo remembers the last status each object was written with.
@@ -53,4 +58,23 @@ func (m *statusMemo[S]) forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.last, uid)
+}
+
+// recordTransitions emits one event per condition whose status or reason
+// changed from before to after. The action names the condition:
+// events.k8s.io merges events of the same object, reason and action into one
+// series, and distinct conditions must stay distinct events. warning says
+// which conditions are worth a Warning.
+func recordTransitions(rec events.EventRecorder, obj runtime.Object, before, after []metav1.Condition, warning func(metav1.Condition) bool) {
+	for _, c := range after {
+		old := meta.FindStatusCondition(before, c.Type)
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
+			continue
+		}
+		typ := corev1.EventTypeNormal
+		if warning(c) {
+			typ = corev1.EventTypeWarning
+		}
+		rec.Eventf(obj, nil, typ, c.Reason, c.Type, "%s=%s: %s", c.Type, c.Status, c.Message)
+	}
 }

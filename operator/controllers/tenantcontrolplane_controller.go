@@ -709,20 +709,9 @@ func (r *TenantControlPlaneReconciler) writeStatus(ctx context.Context, orig, tc
 	if equality.Semantic.DeepEqual(base, *st) {
 		return nil
 	}
-	for _, c := range st.Conditions {
-		old := meta.FindStatusCondition(base.Conditions, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
-			continue
-		}
-		typ := corev1.EventTypeNormal
-		if c.Status != metav1.ConditionTrue && c.Reason != ReasonWaitingForPrerequisites && c.Reason != ReasonWaitingForAddress && c.Reason != ReasonNoReadyReplicas {
-			typ = corev1.EventTypeWarning
-		}
-		// The action names the condition: events.k8s.io merges events of
-		// the same object, reason and action into one series, and distinct
-		// conditions must stay distinct events.
-		r.Recorder.Eventf(tcp, nil, typ, c.Reason, c.Type, "%s=%s: %s", c.Type, c.Status, c.Message)
-	}
+	recordTransitions(r.Recorder, tcp, base.Conditions, st.Conditions, func(c metav1.Condition) bool {
+		return c.Status != metav1.ConditionTrue && c.Reason != ReasonWaitingForPrerequisites && c.Reason != ReasonWaitingForAddress && c.Reason != ReasonNoReadyReplicas
+	})
 	before := orig.DeepCopy()
 	before.Status = base
 	updated := before.DeepCopy()

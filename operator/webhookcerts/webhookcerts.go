@@ -214,24 +214,20 @@ func (m *Manager) writeFiles(data map[string][]byte) error {
 // calls the Service. Replicas may do it at the same moment: conflicts are
 // retried on a fresh read.
 func (m *Manager) injectCABundle(ctx context.Context, ca []byte) error {
-	if name := m.MutatingConfiguration; name != "" {
-		if err := m.inject(ctx, name, &admissionregistrationv1.MutatingWebhookConfiguration{}, func(o client.Object) bool {
-			whs := o.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks
-			changed := false
-			for i := range whs {
-				changed = m.setCA(&whs[i].ClientConfig, ca) || changed
-			}
-			return changed
-		}); err != nil {
-			return err
+	for _, c := range []struct {
+		name string
+		obj  client.Object
+	}{
+		{m.MutatingConfiguration, &admissionregistrationv1.MutatingWebhookConfiguration{}},
+		{m.ValidatingConfiguration, &admissionregistrationv1.ValidatingWebhookConfiguration{}},
+	} {
+		if c.name == "" {
+			continue
 		}
-	}
-	if name := m.ValidatingConfiguration; name != "" {
-		if err := m.inject(ctx, name, &admissionregistrationv1.ValidatingWebhookConfiguration{}, func(o client.Object) bool {
-			whs := o.(*admissionregistrationv1.ValidatingWebhookConfiguration).Webhooks
+		if err := m.inject(ctx, c.name, c.obj, func(o client.Object) bool {
 			changed := false
-			for i := range whs {
-				changed = m.setCA(&whs[i].ClientConfig, ca) || changed
+			for _, cc := range clientConfigs(o) {
+				changed = m.setCA(cc, ca) || changed
 			}
 			return changed
 		}); err != nil {
@@ -239,6 +235,23 @@ func (m *Manager) injectCABundle(ctx context.Context, ca []byte) error {
 		}
 	}
 	return nil
+}
+
+// clientConfigs are the client configurations of every webhook of a
+// mutating or validating configuration.
+func clientConfigs(o client.Object) []*admissionregistrationv1.WebhookClientConfig {
+	var out []*admissionregistrationv1.WebhookClientConfig
+	switch c := o.(type) {
+	case *admissionregistrationv1.MutatingWebhookConfiguration:
+		for i := range c.Webhooks {
+			out = append(out, &c.Webhooks[i].ClientConfig)
+		}
+	case *admissionregistrationv1.ValidatingWebhookConfiguration:
+		for i := range c.Webhooks {
+			out = append(out, &c.Webhooks[i].ClientConfig)
+		}
+	}
+	return out
 }
 
 // inject updates one configuration when set changes it.

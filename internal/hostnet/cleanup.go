@@ -1,9 +1,11 @@
-// Package iptables holds what the local cluster and the SSH test hosts'
-// dockerd share to remove their iptables chains and nothing else.
-package iptables
+// Package hostnet holds the host networking that the local cluster and the
+// SSH test hosts' dockerd share: IP forwarding, and removing their iptables
+// chains and nothing else.
+package hostnet
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 )
@@ -56,4 +58,18 @@ func JumpsTo(fields []string, owned *regexp.Regexp) bool {
 		}
 	}
 	return false
+}
+
+// EnsureIPForward turns IPv4 forwarding on; both the cluster's bridge and
+// Docker's need it, so nothing turns it off again.
+func EnsureIPForward() error {
+	const f = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	return os.WriteFile(f, []byte("1\n"), 0o644)
 }
