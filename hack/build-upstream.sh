@@ -18,6 +18,8 @@
 #   registry      registry-v3.1.2       registry                                hack/tools/registry
 #   helm          helm-v3.22.0          helm                                    hack/tools/helm
 #   konnectivity  konnectivity-v0.36.0  proxy-server proxy-agent                hack/tools/konnectivity
+#   kube-router   kube-router-v2.1.0    kube-router                             hack/tools/kube-router
+#                 (the CNI of the e2e tests and make quickstart; see hack/cni/kube-router.yaml)
 #
 # Output: $APIARY_CACHE/bin/<component>-<version>/<bin> (APIARY_CACHE defaults
 # to ~/.cache/apiary). A binary already there is not rebuilt (delete it to
@@ -59,6 +61,7 @@ pin METALLB_VERSION "$here/tools/metallb" go.universe.tf/metallb
 pin REGISTRY_VERSION "$here/tools/registry" github.com/distribution/distribution/v3
 pin HELM_VERSION "$here/tools/helm" helm.sh/helm/v3
 pin KONNECTIVITY_VERSION "$here/tools/konnectivity" sigs.k8s.io/apiserver-network-proxy
+pin KUBE_ROUTER_VERSION "$here/tools/kube-router" github.com/cloudnativelabs/kube-router/v2
 
 major=${KUBE_VERSION#v}; major=${major%%.*}
 minor=${KUBE_VERSION#v*.}; minor=${minor%%.*}
@@ -104,6 +107,9 @@ spec[controller]="metallb-$METALLB_VERSION|$here/tools/metallb|go.universe.tf/me
 spec[registry]="registry-$REGISTRY_VERSION|$here/tools/registry|$reg_pkg/cmd/registry||$registry_stamp"
 spec[helm]="helm-$HELM_VERSION|$here/tools/helm|helm.sh/helm/v3/cmd/helm||$helm_stamp"
 spec[proxy-server]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|sigs.k8s.io/apiserver-network-proxy/cmd/server||"
+kr_pkg=github.com/cloudnativelabs/kube-router/v2
+# kube-router's Makefile stamps its version; without it the binary says "".
+spec[kube-router]="kube-router-$KUBE_ROUTER_VERSION|$here/tools/kube-router|$kr_pkg/cmd/kube-router||-X $kr_pkg/pkg/version.Version=$KUBE_ROUTER_VERSION -X $kr_pkg/pkg/version.BuildDate=1970-01-01T00:00:00Z"
 spec[proxy-agent]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|sigs.k8s.io/apiserver-network-proxy/cmd/agent||"
 
 declare -A groups=(
@@ -116,8 +122,9 @@ declare -A groups=(
   [registry]=registry
   [helm]=helm
   [konnectivity]="proxy-server proxy-agent"
+  [kube-router]=kube-router
 )
-order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity)
+order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router)
 
 # metallb_modfile prepares a `go build -modfile` for the MetalLB controller and
 # prints its path. MetalLB v0.16.2 requires github.com/metallb/frr-k8s
@@ -133,6 +140,9 @@ order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity
 metallb_modfile() {
   local src dir=$cache/patched/metallb-$METALLB_VERSION dst
   dst=$dir/frr-k8s
+  # go list names the module's directory only once it is in the module
+  # cache (a fresh machine has nothing there yet).
+  (cd "$here/tools/metallb" && go mod download github.com/metallb/frr-k8s) || return 1
   src=$(cd "$here/tools/metallb" && go list -m -f '{{with .Replace}}{{.Dir}}{{else}}{{.Dir}}{{end}}' github.com/metallb/frr-k8s)
   [ -d "$src/api/v1beta1" ] || { echo "metallb: no frr-k8s source in the module cache ($src)" >&2; return 1; }
   rm -rf "$dir"
