@@ -2,8 +2,10 @@ package images
 
 import (
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"sort"
@@ -27,16 +29,79 @@ const xtablesDir = "/usr/lib/x86_64-linux-gnu/xtables"
 // names (plain names → nft, like Debian 12's default alternative), conntrack,
 // the xtables extensions, and every shared library they load.
 func hostIPTables() ([]File, error) {
+	roots, links, err := iptablesFiles()
+	if err != nil {
+		return nil, err
+	}
+	return hostTools("kube-proxy", "apt-get install iptables conntrack", roots, links)
+}
+
+// hostKubeRouterTools is what kube-router executes besides itself, copied from
+// this machine as hostIPTables is: iptables (the same names, so that it
+// writes the same backend as kube-proxy), ipset and ip (iproute2), plus
+// busybox (static) for the sh, cp and mv of its CNI-config init container,
+// which upstream's Alpine-based image has. No modprobe: loading kernel
+// modules is the host's business (kube-router only logs that it failed).
+func hostKubeRouterTools() ([]File, error) {
+	roots, links, err := iptablesFiles()
+	if err != nil {
+		return nil, err
+	}
+	roots = append(roots, "/usr/sbin/ipset", "/usr/bin/ip", "/usr/bin/busybox")
+	for _, applet := range []string{"sh", "cp", "mv", "rm", "cat", "test", "["} {
+		links = append(links, File{Path: "/usr/bin/" + applet, Link: "busybox"})
+	}
+	// Upstream's manifests run /bin/sh: keep Debian's merged-/usr link.
+	links = append(links, File{Path: "/bin", Link: "usr/bin"}, File{Path: "/sbin", Link: "usr/sbin"})
+	// ip's tables: kube-router adds its routing table to rt_tables (for the
+	// IPIP overlay between subnets) and fails that step without the file.
+	conf, err := filepath.Glob("/etc/iproute2/*")
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range conf {
+		if fi, err := os.Stat(c); err == nil && fi.Mode().IsRegular() {
+			links = append(links, File{Path: c, Src: c, Mode: 0o644})
+		}
+	}
+	if len(conf) == 0 {
+		return nil, errors.New("the kube-router image needs /etc/iproute2/rt_tables from this machine: apt-get install iproute2")
+	}
+	return hostTools("kube-router", "apt-get install iptables conntrack ipset iproute2 busybox-static", roots, links)
+}
+
+// hostBusybox is Debian's static busybox at /bin/busybox with a link per
+// applet in /bin, like the upstream busybox image: the e2e tests' workload
+// (httpd, wget, nslookup, sh).
+func hostBusybox() ([]File, error) {
+	const bb = "/usr/bin/busybox"
+	if _, err := os.Stat(bb); err != nil {
+		return nil, fmt.Errorf("the busybox image needs %s from this machine: apt-get install busybox-static (%w)", bb, err)
+	}
+	out, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --list: %w", bb, err)
+	}
+	files := []File{{Path: "/bin/busybox", Src: bb, Mode: 0o755}}
+	for _, applet := range strings.Fields(string(out)) {
+		if applet != "busybox" && !strings.Contains(applet, "/") {
+			files = append(files, File{Path: "/bin/" + applet, Link: "busybox"})
+		}
+	}
+	return files, nil
+}
+
+// iptablesFiles are the iptables binaries and extensions (roots) and the
+// iptables*/ip6tables* names (links) of hostIPTables.
+func iptablesFiles() (roots []string, links []File, err error) {
 	const sbin = "/usr/sbin"
-	var files []File
-	var roots []string
 	for _, multi := range []string{"xtables-nft-multi", "xtables-legacy-multi"} {
 		roots = append(roots, sbin+"/"+multi)
 	}
 	roots = append(roots, sbin+"/conntrack")
 	for _, fam := range []string{"iptables", "ip6tables"} {
 		for _, op := range []string{"", "-save", "-restore"} {
-			files = append(files,
+			links = append(links,
 				File{Path: sbin + "/" + fam + op, Link: "xtables-nft-multi"},
 				File{Path: sbin + "/" + fam + "-nft" + op, Link: "xtables-nft-multi"},
 				File{Path: sbin + "/" + fam + "-legacy" + op, Link: "xtables-legacy-multi"},
@@ -45,15 +110,22 @@ func hostIPTables() ([]File, error) {
 	}
 	exts, err := filepath.Glob(xtablesDir + "/*.so")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(exts) == 0 {
-		return nil, fmt.Errorf("no iptables extensions in %s: apt-get install iptables conntrack", xtablesDir)
+		return nil, nil, fmt.Errorf("no iptables extensions in %s: apt-get install iptables conntrack", xtablesDir)
 	}
-	roots = append(roots, exts...)
+	return append(roots, exts...), links, nil
+}
+
+// hostTools copies roots (ELF files on this machine) into a layer at the same
+// paths, with their loader and every shared library they load, plus extra
+// (links and plain files);
+// hint says how to install a missing root.
+func hostTools(image, hint string, roots []string, extra []File) ([]File, error) {
 	for _, r := range roots {
 		if _, err := os.Stat(r); err != nil {
-			return nil, fmt.Errorf("kube-proxy image needs %s from this machine: apt-get install iptables conntrack (%w)", r, err)
+			return nil, fmt.Errorf("the %s image needs %s from this machine: %s (%w)", image, r, hint, err)
 		}
 	}
 	needed, err := elfClosure(roots)
@@ -66,9 +138,13 @@ func hostIPTables() ([]File, error) {
 			return nil, err
 		}
 	}
-	// iptables takes its lock at /run/xtables.lock (kube-proxy's DaemonSet
-	// mounts the host's there).
+	// iptables takes its lock at /run/xtables.lock (the DaemonSets mount the
+	// host's there).
 	byPath["/run"] = File{Path: "/run", Dir: true, Mode: 0o755}
+	for _, f := range extra {
+		byPath[f.Path] = f
+	}
+	files := make([]File, 0, len(byPath))
 	for _, f := range byPath {
 		files = append(files, f)
 	}

@@ -38,6 +38,11 @@ const (
 	// kubeadm names it.
 	EtcdImageTag = "3.6.16-0"
 	CNIVersion   = "v1.10.0"
+	// KubeRouterVersion is the CNI the e2e tests and make quickstart install
+	// into tenants (hack/cni/kube-router.yaml); Apiary itself installs none.
+	KubeRouterVersion = "v2.1.0"
+	// BusyboxVersion is Debian 12's busybox-static, the e2e workload image.
+	BusyboxVersion = "1.35.0"
 )
 
 // NodeBundleRepository holds one node bundle per Kubernetes version (the
@@ -230,6 +235,23 @@ func All(cacheDir, apiaryVersion string) []Image {
 				bin(cacheDir, kube, "kubectl", "/usr/bin/kubectl"),
 			}},
 			{Name: "CNI plugins", Files: cniFiles},
+		},
+	})
+	out = append(out, Image{
+		Ref:        "docker.io/cloudnativelabs/kube-router:" + KubeRouterVersion,
+		Entrypoint: []string{"/usr/local/bin/kube-router"},
+		Layers: []Layer{
+			{Name: "iptables, ipset, ip and busybox from this machine (Debian)", Resolve: hostKubeRouterTools},
+			{Name: "kube-router", Files: []File{
+				bin(cacheDir, "kube-router-"+KubeRouterVersion, "kube-router", "/usr/local/bin/kube-router"),
+			}},
+		},
+	})
+	out = append(out, Image{
+		Ref: "docker.io/library/busybox:" + BusyboxVersion,
+		Cmd: []string{"sh"},
+		Layers: []Layer{
+			{Name: "busybox from this machine (Debian busybox-static)", Resolve: hostBusybox},
 		},
 	})
 	apiary := filepath.Join(cacheDir, "bin", "apiary-"+apiaryVersion, "apiary")

@@ -283,9 +283,9 @@ func TestAllAgreesWithBuildUpstream(t *testing.T) {
 			}
 		}
 	}
-	// 10 in the cluster's images, 8 in the node bundle.
-	if n != 18 {
-		t.Errorf("%d upstream binaries in the images, want 18", n)
+	// 10 in the cluster's images, 8 in the node bundle, kube-router.
+	if n != 19 {
+		t.Errorf("%d upstream binaries in the images, want 19", n)
 	}
 }
 
@@ -298,6 +298,7 @@ func TestMirrorAndSelect(t *testing.T) {
 		"registry.k8s.io/kas-network-proxy/proxy-agent:v1": "127.0.0.1:5000/kas-network-proxy/proxy-agent:v1",
 		"localhost:5001/a/b:c":                             "127.0.0.1:5000/a/b:c",
 		"library/busybox:1":                                "127.0.0.1:5000/library/busybox:1",
+		"docker.io/cloudnativelabs/kube-router:v2.1.0":     "127.0.0.1:5000/cloudnativelabs/kube-router:v2.1.0",
 	} {
 		got, err := Mirror("127.0.0.1:5000", ref)
 		if err != nil || got != want {
@@ -308,8 +309,8 @@ func TestMirrorAndSelect(t *testing.T) {
 		t.Error("no error for a reference without a tag")
 	}
 	all := All("/cache", "v9.9.9")
-	if len(all) != 12 {
-		t.Errorf("%d images, want 12", len(all))
+	if len(all) != 14 {
+		t.Errorf("%d images, want 14", len(all))
 	}
 	for _, im := range all {
 		if _, err := name.NewTag(im.Ref, name.StrictValidation); err != nil {
@@ -418,4 +419,40 @@ func TestHostIPTablesFiles(t *testing.T) {
 		t.Errorf("libc %v, loader %v, libxtables %v", libc, loader, xtables)
 	}
 	t.Logf("%d entries", len(files))
+}
+
+// kube-router's image gets ipset, ip and busybox's sh/cp/mv from this
+// machine besides iptables, with their libraries, and /bin/sh resolves
+// through Debian's merged-/usr link (the chroot run is in the integration
+// test).
+func TestHostKubeRouterToolsFiles(t *testing.T) {
+	for _, p := range []string{"/usr/sbin/ipset", "/usr/bin/busybox", "/usr/bin/ip"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s is not installed here: run make deps (apt-get install ipset busybox-static iproute2)", p)
+		}
+	}
+	files, err := hostKubeRouterTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err = normalize(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPath := map[string]File{}
+	for _, f := range files {
+		byPath[f.Path] = f
+	}
+	for p, link := range map[string]string{"/usr/bin/sh": "busybox", "/usr/bin/cp": "busybox", "/bin": "usr/bin", "/usr/sbin/iptables": "xtables-nft-multi"} {
+		if byPath[p].Link != link {
+			t.Errorf("%s -> %q, want %s", p, byPath[p].Link, link)
+		}
+	}
+	var libipset bool
+	for p, f := range byPath {
+		libipset = libipset || (strings.Contains(p, "/libipset.so") && f.Src != "")
+	}
+	if !libipset || byPath["/usr/sbin/ipset"].Src == "" || byPath["/usr/bin/busybox"].Src == "" {
+		t.Errorf("ipset %+v, busybox %+v, libipset %v", byPath["/usr/sbin/ipset"], byPath["/usr/bin/busybox"], libipset)
+	}
 }

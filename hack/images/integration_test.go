@@ -312,6 +312,45 @@ func TestKubeProxyImageIPTables(t *testing.T) {
 	}
 }
 
+// What kube-router executes runs in its image: ipset, ip, iptables, and the
+// busybox sh, cp and mv of its CNI-config init container at the /bin/sh path
+// upstream's manifests use.
+func TestKubeRouterImageTools(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("chroot needs root: the image tests run as root, as make test does")
+	}
+	imgs, err := Select(All(DefaultCacheDir(), "v0.0.0-test"), "cloudnativelabs/kube-router")
+	if err != nil {
+		t.Fatal(err)
+	}
+	needBinaries(t, imgs)
+	img, err := Build(context.Background(), imgs[0], t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	extract(t, img, root)
+	// Run directly, as kube-router execs them (busybox's sh would prefer
+	// its own applets, e.g. its ip).
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ipset", "version"}, "ipset v"},
+		{[]string{"ip", "-V"}, "iproute2"},
+		{[]string{"iptables", "--version"}, "(nf_tables)"},
+		{[]string{"cat", "/etc/iproute2/rt_tables"}, "main"},
+		{[]string{"/bin/sh", "-c", "echo '{}' > /tmp/a && cp /tmp/a /tmp/b && mv /tmp/b /etc/c && cat /etc/c && rm /etc/c && [ ! -f /etc/c ] && echo gone"}, "{}\ngone"},
+	} {
+		cmd := exec.Command("unshare", append([]string{"-n", "chroot", root}, c.args...)...)
+		cmd.Env = []string{defaultPath}
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s in the kube-router image: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)
+		}
+	}
+}
+
 // Every image whose binaries are built runs its entrypoint in a chroot of
 // its own filesystem, as the image's user: static binaries that need nothing
 // from the host, version-stamped.
@@ -334,11 +373,14 @@ func TestImagesRun(t *testing.T) {
 		"proxy-agent":             {[]string{"--help"}, "Usage:"},
 		"controller":              {[]string{"--help"}, "Usage"},
 		"apiary":                  {[]string{"--version"}, "apiary version v0.0.0-test"},
+		"kube-router":             {[]string{"--version"}, KubeRouterVersion},
+		"busybox":                 {[]string{"-c", "busybox | head -1"}, "BusyBox v" + BusyboxVersion},
 	}
 	ctx := context.Background()
 	for _, im := range All(DefaultCacheDir(), "v0.0.0-test") {
 		short := im.Name()[strings.LastIndex(im.Name(), "/")+1:]
-		if len(im.Entrypoint) == 0 {
+		entry := append(im.Entrypoint, im.Cmd...)
+		if len(entry) == 0 {
 			continue // the node bundle is never run: TestNodeBundle
 		}
 		t.Run(short, func(t *testing.T) {
@@ -360,7 +402,7 @@ func TestImagesRun(t *testing.T) {
 			if !strings.Contains(user, ":") {
 				user += ":" + user
 			}
-			args := append([]string{"--userspec=" + user, root}, im.Entrypoint...)
+			args := append([]string{"--userspec=" + user, root}, entry...)
 			cmd := exec.CommandContext(ctx, "chroot", append(args, c.args...)...)
 			cmd.Env = []string{defaultPath, "HOME=/"}
 			out, err := cmd.CombinedOutput()
@@ -368,7 +410,7 @@ func TestImagesRun(t *testing.T) {
 				t.Fatalf("chroot %s: %v\n%s", strings.Join(args, " "), err, out)
 			}
 			if !strings.Contains(string(out), c.want) {
-				t.Fatalf("%s %s: %q, want %q", im.Entrypoint[0], strings.Join(c.args, " "), out, c.want)
+				t.Fatalf("%s %s: %q, want %q", entry[0], strings.Join(c.args, " "), out, c.want)
 			}
 			first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 			d, _ := img.Digest()
