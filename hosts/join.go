@@ -58,12 +58,20 @@ kubeadm join %[2]s --token %[3]s --discovery-token-ca-cert-hash %[4]s --node-nam
 }
 
 // Reset undoes join and install: kubeadm reset, then everything the agent
-// put on the host. The host can then be joined again, to any tenant.
+// put on the host, then the pod network state the tenant's CNI left (which
+// kubeadm reset leaves to the user): the CNI config and IPAM state, and the
+// bridges of the bridge plugin (cni0, kube-router's kube-bridge), whose
+// addresses would otherwise route the old podCIDR to this host after a
+// join with another one. The host can then be joined again, to any tenant.
+// Other iptables rules and routes are the CNI's to remove (kube-router and
+// kube-proxy rewrite their own chains on the next join).
 func Reset(ctx context.Context, c *Client) (string, error) {
 	script := fmt.Sprintf(`set +e
 if command -v kubeadm >/dev/null 2>&1; then kubeadm reset -f --cri-socket %s 2>&1; fi
 systemctl stop kubelet >/dev/null 2>&1
 rm -rf /etc/kubernetes /var/lib/kubelet %s
+rm -rf /etc/cni/net.d/* /var/lib/cni
+for br in cni0 kube-bridge; do ip link delete "$br" >/dev/null 2>&1; done
 %s`, CRISocket, patchesDir, UninstallScript())
 	out, err := c.RunScript(ctx, script)
 	if err != nil {
