@@ -276,8 +276,50 @@ func (d *Docker) StartHost(ctx context.Context, opts HostOptions) (*Host, error)
 	if err := d.waitHost(wctx, h, opts.Network); err != nil {
 		return nil, fmt.Errorf("host %s: %w\n%s", opts.Name, err, d.diagnose(ctx, opts.Name))
 	}
+	// Docker points a container on a user-defined network at its embedded
+	// DNS server, 127.0.0.11. A loopback nameserver in a node's
+	// resolv.conf makes the tenant's CoreDNS (dnsPolicy Default: the
+	// node's resolv.conf) forward to itself; its loop plugin detects that
+	// and exits. A real host has its upstream nameservers there (or
+	// systemd-resolved, which kubeadm detects): so does this one.
+	ns, err := d.upstreamNameservers(ctx, opts.Network)
+	if err != nil {
+		return nil, err
+	}
+	var conf strings.Builder
+	for _, n := range ns {
+		fmt.Fprintf(&conf, "nameserver %s\n", n)
+	}
+	if _, err := d.run(ctx, strings.NewReader(conf.String()), "exec", "-i", opts.Name, "sh", "-c", "cat > /etc/resolv.conf"); err != nil {
+		return nil, fmt.Errorf("host %s: writing /etc/resolv.conf: %w", opts.Name, err)
+	}
 	h.StartupTime = time.Since(start)
 	return h, nil
+}
+
+// upstreamNameservers are this machine's non-loopback nameservers, else the
+// network's gateway (this machine).
+func (d *Docker) upstreamNameservers(ctx context.Context, network string) ([]string, error) {
+	var out []string
+	if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 2 || f[0] != "nameserver" {
+				continue
+			}
+			if ip := net.ParseIP(f[1]); ip != nil && !ip.IsLoopback() {
+				out = append(out, f[1])
+			}
+		}
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	gw, err := d.Gateway(ctx, network)
+	if err != nil {
+		return nil, err
+	}
+	return []string{gw}, nil
 }
 
 // waitHost waits for, in turn: systemd to finish booting, the host key, the

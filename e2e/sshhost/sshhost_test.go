@@ -290,6 +290,9 @@ func checkHost(ctx context.Context, t *testing.T, d *sshhost.Docker, h *sshhost.
 	must("sshd -T | grep -i -E '^(permitrootlogin|passwordauthentication)'", "permitrootlogin without-password")
 	must("sshd -T | grep -i '^passwordauthentication'", "passwordauthentication no")
 	must("cat /proc/1/comm", "systemd")
+	// No loopback nameserver (Docker's 127.0.0.11 would make CoreDNS on
+	// the host loop): this machine's upstream ones.
+	must("grep -c '^nameserver' /etc/resolv.conf; grep -E '^nameserver (127\\.|::1)' /etc/resolv.conf || echo no-loopback", "no-loopback")
 	// The mirror: registry.k8s.io images come from the test's registry
 	// on the machine's node IP, then run with runc under systemd cgroups.
 	ref := "registry.k8s.io/" + probeRepo + ":v1"
