@@ -57,7 +57,9 @@ cluster-up: deps tools ## Start the local management cluster (idempotent).
 cluster-down: ## Stop the local management cluster and remove what it made.
 	go run ./hack/devcluster down
 
-down: cluster-down ## Tear down what make quickstart started.
+down: ## Tear down what make quickstart started (its worker machine, dockerd, the local cluster).
+	go run ./hack/testhost down
+	go run ./hack/devcluster down
 
 quickstart: deps tools ## Local cluster, Helm install, a demo tenant, its kubeconfig, kubectl through its LoadBalancer.
 	hack/quickstart.sh

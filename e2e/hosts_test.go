@@ -49,6 +49,9 @@ const (
 // are retried with backoff, not in a loop.
 func (e *env) testHostPreflight(t *testing.T) {
 	e.TCP(t, "alpha") // the tenant the hosts are for
+	// The user's CNI, installed before any host joins: without it the
+	// Nodes stay NotReady and the Hosts in phase Joining.
+	installCNI(t, e.ExportKubeconfig(t, "alpha"))
 	d, err := sshhost.EnsureDocker(e.Ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -195,6 +198,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 	}
 
 	e.testHostJoin(t, d, h, "good")
+	t.Run("PodNetworkAcrossHosts", func(t *testing.T) { e.testPodNetwork(t, d, image, "good") })
 	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })
 	t.Run("OperatorKilledWhileInstalling", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
 	t.Run("HostAddListRemoveCLI", func(t *testing.T) { e.testHostCLI(t, d, image) })
@@ -288,7 +292,19 @@ func (e *env) testHostJoin(t *testing.T, d *sshhost.Docker, h *sshhost.Host, nam
 		t.Errorf("the join token %s is still recorded", host.Status.BootstrapTokenID)
 	}
 	noJoinTokenLeft(t, e, cs)
-	t.Logf("Node %s: kubelet %s, conditions %v", node.Name, node.Status.NodeInfo.KubeletVersion, nodeConditions(node))
+	e.waitHostReady(t, name)
+	if err := e.C.Get(e.Ctx, key, &host); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(host.Status.Conditions, apiary.HostConditionNodeReady); c != nil {
+		t.Logf("FIGURE Host %s: Node Ready %s after kubeadm join finished", name,
+			c.LastTransitionTime.Sub(journal(host, controllers.StepJoin).Finished.Time).Round(time.Second))
+	}
+	node, err := cs.CoreV1().Nodes().Get(e.Ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Node %s: kubelet %s, podCIDR %s, conditions %v", node.Name, node.Status.NodeInfo.KubeletVersion, node.Spec.PodCIDR, nodeConditions(node))
 	if node.Status.NodeInfo.KubeletVersion != "v1.37.2" {
 		t.Errorf("kubelet version %q", node.Status.NodeInfo.KubeletVersion)
 	}
@@ -376,7 +392,8 @@ func (e *env) testHostJoin(t *testing.T, d *sshhost.Docker, h *sshhost.Host, nam
 		t.Errorf("Node %s after the Host's removal: %v", name, err)
 	}
 	out, err := d.Exec(e.Ctx, h.Name, "sh", "-c",
-		"for f in /usr/bin/kubelet /usr/bin/kubeadm /etc/kubernetes /var/lib/kubelet /var/lib/apiary /etc/systemd/system/kubelet.service /opt/cni/bin/bridge; do test -e $f && echo left: $f; done; pgrep -x kubelet && echo kubelet running; true")
+		"for f in /usr/bin/kubelet /usr/bin/kubeadm /etc/kubernetes /var/lib/kubelet /var/lib/apiary /etc/systemd/system/kubelet.service /opt/cni/bin/bridge /etc/cni/net.d/10-kuberouter.conflist /var/lib/cni; do test -e $f && echo left: $f; done; "+
+			"pgrep -x kubelet && echo kubelet running; ip link show kube-bridge >/dev/null 2>&1 && echo left: kube-bridge; true")
 	if err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("host not reset: %s %v", out, err)
 	}

@@ -49,6 +49,29 @@ bin/apiary kubeconfig demo -n tenants > "$out/demo.kubeconfig"
 step "Talking to the tenant through its LoadBalancer"
 "$kubectl" --kubeconfig "$out/demo.kubeconfig" get namespaces
 
+step "Installing a pod network into the tenant (kube-router, hack/cni/kube-router.yaml)"
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" apply -f hack/cni/kube-router.yaml
+
+step "Starting a worker machine (hack/testhost: a container with systemd, sshd and containerd)"
+addr=$(go run ./hack/testhost up quickstart-worker -dir "$out" -registry-mirror "http://$node_ip:5000")
+
+step "Joining it to the tenant as Node worker-1 (apiary host add; the agent installs and joins over SSH)"
+if ! "$kubectl" -n tenants get host worker-1 >/dev/null 2>&1; then
+  bin/apiary host add worker-1 -n tenants --tenant demo --address "$addr" \
+    --ssh-key-file "$out/quickstart-worker.key" --host-key "$(cat "$out/quickstart-worker.pub")"
+fi
+"$kubectl" -n tenants wait --for=jsonpath='{.status.phase}'=Ready host/worker-1 --timeout=10m
+bin/apiary host list -n tenants
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" get nodes -o wide
+
+step "Running a pod on the worker"
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" delete pod hello --ignore-not-found >/dev/null
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" run hello --image=docker.io/library/busybox:1.35.0 --restart=Never \
+  -- sh -c 'echo "hello from pod $(hostname)"'
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" wait --for=jsonpath='{.status.phase}'=Succeeded pod/hello --timeout=3m
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" logs hello
+"$kubectl" --kubeconfig "$out/demo.kubeconfig" get pod hello -o wide
+
 cat <<EOF2
 
 Done in $((SECONDS - start))s. What next:
@@ -56,7 +79,8 @@ Done in $((SECONDS - start))s. What next:
   export KUBECONFIG=$KUBECONFIG          # the management cluster
   bin/apiary status -A                   # every tenant and its conditions
   bin/apiary status demo -n tenants      # one tenant in detail
-  $kubectl --kubeconfig $out/demo.kubeconfig get ns     # inside the tenant
+  $kubectl --kubeconfig $out/demo.kubeconfig get nodes  # inside the tenant
+  bin/apiary host list -n tenants        # the worker Host and its phase
   go run ./hack/devcluster logs          # component logs
   make down                              # tear everything down
 EOF2
