@@ -66,19 +66,8 @@ func (e *env) testHostPreflight(t *testing.T) {
 	if err := d.EnsureNetwork(e.Ctx, hostNetwork, hostSubnet); err != nil {
 		t.Fatal(err)
 	}
-	startHost := func(name string) *sshhost.Host {
-		t.Helper()
-		start := time.Now()
-		h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: name, Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
-		t.Logf("FIGURE test host %s (systemd, sshd, containerd) up in %s", name, time.Since(start).Round(time.Millisecond))
-		return h
-	}
 	// h is installed; h2 only ever sees failing connections.
-	h, h2 := startHost("e2e-host-1"), startHost("e2e-host-2")
+	h, h2 := e.startHost(t, d, image, "e2e-host-1"), e.startHost(t, d, image, "e2e-host-2")
 	before := hostSnapshot(t, e, d, h2.Name)
 
 	ns := framework.TenantsNS
@@ -212,6 +201,20 @@ func (e *env) testHostPreflight(t *testing.T) {
 	if err := e.C.Create(e.Ctx, unpinned); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.hostKey") {
 		t.Errorf("creating a Host without a host key: %v, want Invalid naming spec.hostKey", err)
 	}
+}
+
+// startHost starts a test host on the e2e hosts' network, pulling images
+// through the local registry, removed when the test ends.
+func (e *env) startHost(t *testing.T, d *sshhost.Docker, image, name string) *sshhost.Host {
+	t.Helper()
+	start := time.Now()
+	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: name, Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	t.Logf("FIGURE test host %s (systemd, sshd, containerd) up in %s", name, time.Since(start).Round(time.Millisecond))
+	return h
 }
 
 // hostSnapshot lists what an install would change on a host.
@@ -459,11 +462,7 @@ func deleteHostAndWait(t *testing.T, e *env, h *apiary.Host) {
 // `kubeadm token create --print-join-command` run with the exported
 // kubeconfig, and that command run on the machine.
 func (e *env) testHandJoin(t *testing.T, d *sshhost.Docker, image string) {
-	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-hand", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	h := e.startHost(t, d, image, "e2e-host-hand")
 	kc := e.ExportKubeconfig(t, "alpha")
 	cs := e.tenantClient(t, kc)
 
@@ -512,11 +511,7 @@ func (e *env) testHandJoin(t *testing.T, d *sshhost.Docker, image string) {
 // installed or joined: the next leader resumes from the journal, and the
 // Host ends joined with one Node and no join token left behind.
 func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image string) {
-	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-kill", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	h := e.startHost(t, d, image, "e2e-host-kill")
 	ns := framework.TenantsNS
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2e-host-kill-key"}, Type: corev1.SecretTypeSSHAuth,
 		Data: map[string][]byte{corev1.SSHAuthPrivateKey: h.PrivateKeyPEM}}
@@ -640,11 +635,7 @@ func noJoinTokenLeft(t *testing.T, e *env, cs kubernetes.Interface) {
 // host key read from the machine and pinned with --yes), lists it, and
 // removes it with `apiary host remove --wait`.
 func (e *env) testHostCLI(t *testing.T, d *sshhost.Docker, image string) {
-	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-cli", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	h := e.startHost(t, d, image, "e2e-host-cli")
 	keyFile := filepath.Join(t.TempDir(), "id_ed25519")
 	if err := os.WriteFile(keyFile, h.PrivateKeyPEM, 0o600); err != nil {
 		t.Fatal(err)

@@ -52,11 +52,7 @@ func installCNI(t *testing.T, kubeconfig string) {
 // and logs, exec and port-forward to those pods through konnectivity while
 // the management cluster has no route to them.
 func (e *env) testPodNetwork(t *testing.T, d *sshhost.Docker, image, first string) {
-	h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: "e2e-host-net", Network: hostNetwork, Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.RemoveHost(e.Ctx, h.Name) })
+	h := e.startHost(t, d, image, "e2e-host-net")
 	kc := e.ExportKubeconfig(t, "alpha")
 	cs := e.tenantClient(t, kc)
 	host := e.newHostFor(t, "net", h, "alpha")

@@ -52,11 +52,13 @@ step "Talking to the tenant through its LoadBalancer"
 step "Installing a pod network into the tenant (kube-router, hack/cni/kube-router.yaml)"
 "$kubectl" --kubeconfig "$out/demo.kubeconfig" apply -f hack/cni/kube-router.yaml
 
-step "Starting a worker machine (hack/testhost: a container with systemd, sshd and containerd)"
-addr=$(go run ./hack/testhost up quickstart-worker -dir "$out" -registry-mirror "http://$node_ip:5000")
-
-step "Joining it to the tenant as Node worker-1 (apiary host add; the agent installs and joins over SSH)"
+# A second run keeps the worker it joined (starting the machine again would
+# give it new keys).
 if ! "$kubectl" -n tenants get host worker-1 >/dev/null 2>&1; then
+  step "Starting a worker machine (hack/testhost: a container with systemd, sshd and containerd)"
+  addr=$(go run ./hack/testhost up quickstart-worker -dir "$out" -registry-mirror "http://$node_ip:5000")
+
+  step "Joining it to the tenant as Node worker-1 (apiary host add; the agent installs and joins over SSH)"
   bin/apiary host add worker-1 -n tenants --tenant demo --address "$addr" \
     --ssh-key-file "$out/quickstart-worker.key" --host-key "$(cat "$out/quickstart-worker.pub")"
 fi

@@ -382,18 +382,7 @@ func TestHostIPTablesFiles(t *testing.T) {
 	if _, err := os.Stat("/usr/sbin/xtables-nft-multi"); err != nil {
 		t.Fatal("iptables is not installed here: run make deps (apt-get install iptables conntrack)")
 	}
-	files, err := hostIPTables()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err = normalize(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	byPath := map[string]File{}
-	for _, f := range files {
-		byPath[f.Path] = f
-	}
+	files, byPath := resolved(t, hostIPTables)
 	for p, link := range map[string]string{
 		"/usr/sbin/iptables":             "xtables-nft-multi",
 		"/usr/sbin/ip6tables-restore":    "xtables-nft-multi",
@@ -431,18 +420,7 @@ func TestHostKubeRouterToolsFiles(t *testing.T) {
 			t.Fatalf("%s is not installed here: run make deps (apt-get install ipset busybox-static iproute2)", p)
 		}
 	}
-	files, err := hostKubeRouterTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err = normalize(files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	byPath := map[string]File{}
-	for _, f := range files {
-		byPath[f.Path] = f
-	}
+	_, byPath := resolved(t, hostKubeRouterTools)
 	for p, link := range map[string]string{"/usr/bin/sh": "busybox", "/usr/bin/cp": "busybox", "/bin": "usr/bin", "/usr/sbin/iptables": "xtables-nft-multi"} {
 		if byPath[p].Link != link {
 			t.Errorf("%s -> %q, want %s", p, byPath[p].Link, link)
@@ -455,4 +433,23 @@ func TestHostKubeRouterToolsFiles(t *testing.T) {
 	if !libipset || byPath["/usr/sbin/ipset"].Src == "" || byPath["/usr/bin/busybox"].Src == "" {
 		t.Errorf("ipset %+v, busybox %+v, libipset %v", byPath["/usr/sbin/ipset"], byPath["/usr/bin/busybox"], libipset)
 	}
+}
+
+// resolved runs a layer's Resolve and returns its normalized files, also by
+// path.
+func resolved(t *testing.T, resolve func() ([]File, error)) ([]File, map[string]File) {
+	t.Helper()
+	files, err := resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err = normalize(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPath := map[string]File{}
+	for _, f := range files {
+		byPath[f.Path] = f
+	}
+	return files, byPath
 }

@@ -312,14 +312,14 @@ func TestKubeProxyImageIPTables(t *testing.T) {
 	}
 }
 
-// What kube-router executes runs in its image: ipset, ip, iptables, and the
-// busybox sh, cp and mv of its CNI-config init container at the /bin/sh path
-// upstream's manifests use.
-func TestKubeRouterImageTools(t *testing.T) {
+// extractImage builds the image named name (see Select) and unpacks its
+// filesystem into a temporary directory, for chroot runs as root.
+func extractImage(t *testing.T, name string) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("chroot needs root: the image tests run as root, as make test does")
 	}
-	imgs, err := Select(All(DefaultCacheDir(), "v0.0.0-test"), "cloudnativelabs/kube-router")
+	imgs, err := Select(All(DefaultCacheDir(), "v0.0.0-test"), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,6 +330,17 @@ func TestKubeRouterImageTools(t *testing.T) {
 	}
 	root := t.TempDir()
 	extract(t, img, root)
+	d, _ := img.Digest()
+	size, _ := imageSize(img)
+	t.Logf("%s %s (%.1f MB)", imgs[0].Ref, d, float64(size)/1e6)
+	return root
+}
+
+// What kube-router executes runs in its image: ipset, ip, iptables, and the
+// busybox sh, cp and mv of its CNI-config init container at the /bin/sh path
+// upstream's manifests use.
+func TestKubeRouterImageTools(t *testing.T) {
+	root := extractImage(t, "cloudnativelabs/kube-router")
 	// Run directly, as kube-router execs them (busybox's sh would prefer
 	// its own applets, e.g. its ip).
 	for _, c := range []struct {
@@ -544,20 +555,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 // The node bundle holds static, version-stamped node binaries and the CNI
 // plugins at the paths the host agent installs them to.
 func TestNodeBundle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("chroot needs root: the image tests run as root, as make test does")
-	}
-	imgs, err := Select(All(DefaultCacheDir(), "v0.0.0-test"), NodeBundleRepository+":"+KubeVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
-	needBinaries(t, imgs)
-	img, err := Build(context.Background(), imgs[0], t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	root := t.TempDir()
-	extract(t, img, root)
+	root := extractImage(t, NodeBundleRepository+":"+KubeVersion)
 	run := func(env []string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command("chroot", append([]string{root}, args...)...)
@@ -578,9 +576,6 @@ func TestNodeBundle(t *testing.T) {
 			t.Errorf("CNI plugin %s VERSION: %q", p, out)
 		}
 	}
-	d, _ := img.Digest()
-	size, _ := imageSize(img)
-	t.Logf("%s %s (%.1f MB)", imgs[0].Ref, d, float64(size)/1e6)
 }
 
 // startLogged starts cmd with its output in logPath, kills it when the test
