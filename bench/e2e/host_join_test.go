@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
@@ -41,9 +43,15 @@ func BenchmarkHostJoin(b *testing.B) {
 		b.Fatal(err)
 	}
 	e.CreateTenant(b, "bench-hosts", nil)
-	framework.Kubectl(b, e.ExportKubeconfig(b, "bench-hosts"), "apply", "-f", "../../hack/cni/kube-router.yaml")
+	kc := e.ExportKubeconfig(b, "bench-hosts")
+	framework.Kubectl(b, kc, "apply", "-f", "../../hack/cni/kube-router.yaml")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tenantCS := kubernetes.NewForConfigOrDie(cfg)
 
-	type sample struct{ total, registered, preflight, install, join, ready time.Duration }
+	type sample struct{ total, registered, preflight, install, join, ready, nodeReady time.Duration }
 	var samples []sample
 	for i := range joins {
 		name := fmt.Sprintf("bench-host-%d", i)
@@ -78,6 +86,15 @@ func BenchmarkHostJoin(b *testing.B) {
 			return nil
 		})
 		s := sample{total: total, registered: registered, ready: total - registered}
+		// When the Node itself turned Ready (its condition, 1 s
+		// resolution), as opposed to when the agent saw it.
+		if n, err := tenantCS.CoreV1().Nodes().Get(e.Ctx, name, metav1.GetOptions{}); err == nil {
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+					s.nodeReady = c.LastTransitionTime.Sub(start).Round(time.Second)
+				}
+			}
+		}
 		for _, st := range host.Status.Journal {
 			if st.Finished == nil {
 				continue
@@ -93,8 +110,8 @@ func BenchmarkHostJoin(b *testing.B) {
 			}
 		}
 		samples = append(samples, s)
-		b.Logf("%s: Node Ready %s after creation (preflight %s, install %s, join %s; registered at %s, Ready %s later)", name,
-			total.Round(time.Millisecond), s.preflight, s.install, s.join, registered.Round(time.Millisecond), s.ready.Round(time.Millisecond))
+		b.Logf("%s: Host Ready %s after creation (preflight %s, install %s, join %s; Node registered at %s, Ready at ~%s by its condition, Host Ready %s after registration)", name,
+			total.Round(time.Millisecond), s.preflight, s.install, s.join, registered.Round(time.Millisecond), s.nodeReady, s.ready.Round(time.Millisecond))
 		// Leave the machine as found: removal resets it.
 		if err := e.C.Delete(e.Ctx, host); err != nil {
 			b.Fatal(err)
@@ -121,10 +138,11 @@ func BenchmarkHostJoin(b *testing.B) {
 		all = append(all, s.total.Round(10*time.Millisecond).String())
 	}
 	b.Logf("Host created → Node Ready over %d hosts: p50 %s (all: %s); p50 of the steps (journal, 1 s resolution): preflight %s, install %s, join %s; "+
-		"p50 created → Node registered %s, registered → Ready %s",
+		"p50 created → Node registered %s, → Node Ready by its condition ~%s, registered → Host Ready %s",
 		joins, p50(func(s sample) time.Duration { return s.total }).Round(10*time.Millisecond), strings.Join(all, " "),
 		p50(func(s sample) time.Duration { return s.preflight }), p50(func(s sample) time.Duration { return s.install }), p50(func(s sample) time.Duration { return s.join }),
-		p50(func(s sample) time.Duration { return s.registered }).Round(10*time.Millisecond), p50(func(s sample) time.Duration { return s.ready }).Round(10*time.Millisecond))
+		p50(func(s sample) time.Duration { return s.registered }).Round(10*time.Millisecond), p50(func(s sample) time.Duration { return s.nodeReady }),
+		p50(func(s sample) time.Duration { return s.ready }).Round(10*time.Millisecond))
 	b.ReportMetric(p50(func(s sample) time.Duration { return s.total }).Seconds(), "s-to-ready-p50")
 	b.ReportMetric(p50(func(s sample) time.Duration { return s.registered }).Seconds(), "s-to-node-p50")
 }

@@ -267,15 +267,25 @@ func (r *HostReconciler) observeNode(ctx context.Context, h *apiary.Host) ctrl.R
 	return ctrl.Result{RequeueAfter: r.nodePoll(h)}
 }
 
-// nodePoll is how often a joined Node that is not Ready is looked at: often
-// right after the join (a pod network usually follows within a minute),
-// then every minute — a tenant without a pod network must not cost a
-// reconcile every few seconds per host.
+// nodePoll is how often a joined Node that is not Ready is looked at: every
+// 2 s for the first 30 s after the join (the kubelet registers at once and
+// a CNI already in the tenant makes the Node Ready within seconds: a
+// 10 s poll was most of Host created → Ready), every 10 s until 2
+// minutes, then every minute — a tenant without a pod network must not
+// cost a reconcile every few seconds per host.
 func (r *HostReconciler) nodePoll(h *apiary.Host) time.Duration {
-	if step := journalStep(&h.Status, StepJoin); step != nil && step.Finished != nil && r.Now().Sub(step.Finished.Time) > 2*time.Minute {
+	step := journalStep(&h.Status, StepJoin)
+	if step == nil || step.Finished == nil {
+		return 10 * time.Second
+	}
+	switch since := r.Now().Sub(step.Finished.Time); {
+	case since < 30*time.Second:
+		return 2 * time.Second
+	case since < 2*time.Minute:
+		return 10 * time.Second
+	default:
 		return time.Minute
 	}
-	return 10 * time.Second
 }
 
 // applyNodeMetadata adds the Host's labels and taints to the Node (those

@@ -10,8 +10,12 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
 func servingCSR(t *testing.T, cn string, dns []string, ips ...string) *certificatesv1.CertificateSigningRequest {
@@ -59,5 +63,35 @@ func TestCheckServingCSR(t *testing.T) {
 func TestCACertHashRejectsNonPEM(t *testing.T) {
 	if _, err := caCertHash([]byte("not pem")); err == nil {
 		t.Fatal("no error for a non-PEM CA")
+	}
+}
+
+// A joined Node that is not Ready yet is looked at often right after the
+// join, less often later, and never in a tight loop.
+func TestNodePoll(t *testing.T) {
+	joined := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		since    time.Duration
+		finished bool
+		want     time.Duration
+	}{
+		{0, false, 10 * time.Second},
+		{time.Second, true, 2 * time.Second},
+		{29 * time.Second, true, 2 * time.Second},
+		{30 * time.Second, true, 10 * time.Second},
+		{119 * time.Second, true, 10 * time.Second},
+		{2 * time.Minute, true, time.Minute},
+		{time.Hour, true, time.Minute},
+	} {
+		h := &apiary.Host{}
+		step := apiary.HostStep{Name: StepJoin, Started: metav1.NewTime(joined.Add(-time.Second))}
+		if c.finished {
+			step.Finished = &metav1.Time{Time: joined}
+		}
+		h.Status.Journal = []apiary.HostStep{step}
+		r := &HostReconciler{Now: func() time.Time { return joined.Add(c.since) }}
+		if got := r.nodePoll(h); got != c.want {
+			t.Errorf("%s after the join (finished %v): poll %s, want %s", c.since, c.finished, got, c.want)
+		}
 	}
 }
