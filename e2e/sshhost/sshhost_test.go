@@ -126,9 +126,11 @@ func TestSSHHosts(t *testing.T) {
 		if err != nil || !strings.HasPrefix(out, "SSH-2.0") {
 			t.Errorf("%s: dial %s:22: %v: %q", h.Name, peer.Address, err, out)
 		}
-		// Docker's DNS resolves the peers by name too.
-		if out, err := sshRun(h, "getent hosts "+peer.Name); err != nil || !strings.Contains(out, peer.Address) {
-			t.Errorf("%s: resolving %s: %v: %q", h.Name, peer.Name, err, out)
+		// No name resolution through Docker's DNS (127.0.0.11, replaced
+		// by the machine's nameservers: CoreDNS would loop on it); a host
+		// resolves its own name from /etc/hosts, as kubeadm needs.
+		if out, err := sshRun(h, "getent hosts "+h.Name); err != nil || !strings.Contains(out, h.Address) {
+			t.Errorf("%s: resolving its own name: %v: %q", h.Name, err, out)
 		}
 	}
 
