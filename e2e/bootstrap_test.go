@@ -161,6 +161,39 @@ func (e *env) testKubeadmBootstrap(t *testing.T) {
 	if _, err := node.CoreV1().ConfigMaps("kube-system").Get(e.Ctx, tenant.KubeletConfigMap, metav1.GetOptions{}); err != nil {
 		t.Errorf("the new node credential reading kubelet-config: %v", err)
 	}
+
+	// What a tenant user deletes comes back: the operator watches what it
+	// applied and re-applies on a deletion, well before its 4-minute
+	// resync would.
+	for _, del := range []struct {
+		what string
+		del  func() error
+		get  func() error
+	}{
+		{"ConfigMap kube-system/" + tenant.KubeletConfigMap,
+			func() error {
+				return admin.CoreV1().ConfigMaps("kube-system").Delete(e.Ctx, tenant.KubeletConfigMap, metav1.DeleteOptions{})
+			},
+			func() error {
+				_, err := admin.CoreV1().ConfigMaps("kube-system").Get(e.Ctx, tenant.KubeletConfigMap, metav1.GetOptions{})
+				return err
+			}},
+		{"Deployment kube-system/coredns",
+			func() error {
+				return admin.AppsV1().Deployments("kube-system").Delete(e.Ctx, "coredns", metav1.DeleteOptions{})
+			},
+			func() error {
+				_, err := admin.AppsV1().Deployments("kube-system").Get(e.Ctx, "coredns", metav1.GetOptions{})
+				return err
+			}},
+	} {
+		if err := del.del(); err != nil {
+			t.Fatalf("deleting %s: %v", del.what, err)
+		}
+		deleted := time.Now()
+		framework.Eventually(t, del.what+" re-created", time.Minute, del.get)
+		t.Logf("FIGURE %s deleted inside the tenant: re-created after %s", del.what, time.Since(deleted).Round(time.Millisecond))
+	}
 }
 
 func (e *env) tenantClient(t *testing.T, kubeconfig string) *kubernetes.Clientset {

@@ -13,8 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
@@ -22,9 +24,10 @@ import (
 )
 
 // DefaultBootstrapResync is how long an applied, unchanged bootstrap is
-// trusted before it is applied again, which re-creates what a tenant user
-// deleted. A Ready tenant is reconciled every 5 minutes, so that is the
-// bound.
+// trusted before it is applied again. A deletion inside the tenant is seen
+// by the tenant's watch (tenant_watch.go) and re-applied at once; the resync
+// also repairs what the watch missed (changed objects, a deletion while the
+// watch was down). A Ready tenant is reconciled every 5 minutes.
 const DefaultBootstrapResync = 4 * time.Minute
 
 // tenantBootstrapper applies the objects of package tenant inside tenant
@@ -33,11 +36,16 @@ type tenantBootstrapper struct {
 	mu      sync.Mutex
 	clients map[types.UID]tenantClient
 	applied map[types.UID]appliedBootstrap
+	watches map[types.UID]tenantWatch
+	// deleted receives a tenant when an object applied inside it is
+	// deleted (tenant_watch.go); the controller reads it as a source.
+	deleted chan event.GenericEvent
 }
 
 type tenantClient struct {
 	kubeconfigHash [32]byte
 	c              client.Client
+	cfg            *rest.Config
 }
 
 type appliedBootstrap struct {
@@ -57,32 +65,34 @@ type bootstrapResult struct {
 
 // client returns the tenant's client, rebuilding it when the kubeconfig
 // changed (a renewed certificate or a new endpoint).
-func (b *tenantBootstrapper) client(uid types.UID, kubeconfig []byte) (client.Client, error) {
+func (b *tenantBootstrapper) client(uid types.UID, kubeconfig []byte) (tenantClient, error) {
 	h := sha256.Sum256(kubeconfig)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if tc, ok := b.clients[uid]; ok && tc.kubeconfigHash == h {
-		return tc.c, nil
+		return tc, nil
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("reading the admin kubeconfig: %w", err)
+		return tenantClient{}, fmt.Errorf("reading the admin kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "apiary-operator"
 	cfg.Timeout = 10 * time.Second
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
-		return nil, fmt.Errorf("creating a client for the tenant API at %s: %w", cfg.Host, err)
+		return tenantClient{}, fmt.Errorf("creating a client for the tenant API at %s: %w", cfg.Host, err)
 	}
 	if b.clients == nil {
 		b.clients = map[types.UID]tenantClient{}
 	}
-	b.clients[uid] = tenantClient{kubeconfigHash: h, c: c}
-	return c, nil
+	tc := tenantClient{kubeconfigHash: h, c: c, cfg: cfg}
+	b.clients[uid] = tc
+	return tc, nil
 }
 
 // forget drops what is remembered of a deleted tenant.
 func (b *tenantBootstrapper) forget(uid types.UID) {
+	b.stopWatch(uid)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.clients, uid)
@@ -127,10 +137,11 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 		return res, nil
 	}
 
-	c, err := b.client(uid, kubeconfig)
+	tc, err := b.client(uid, kubeconfig)
 	if err != nil {
 		return res, err
 	}
+	c := tc.c
 	for _, r := range all {
 		for _, o := range r.objs {
 			what := fmt.Sprintf("%s %s", o.GetKind(), client.ObjectKeyFromObject(o))
@@ -157,6 +168,10 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 	}
 	b.applied[uid] = appliedBootstrap{hash: sum, at: now, result: res}
 	b.mu.Unlock()
+	// Watched from now on, so that a deleted object comes back at once.
+	if err := b.ensureWatch(in.TCP, tc.cfg, tc.kubeconfigHash); err != nil {
+		return res, fmt.Errorf("watching the applied objects inside the tenant: %w", err)
+	}
 	return res, nil
 }
 
