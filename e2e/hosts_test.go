@@ -512,16 +512,7 @@ func (e *env) testHandJoin(t *testing.T, d *sshhost.Docker, image string) {
 // Host ends joined with one Node and no join token left behind.
 func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image string) {
 	h := e.startHost(t, d, image, "e2e-host-kill")
-	ns := framework.TenantsNS
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e2e-host-kill-key"}, Type: corev1.SecretTypeSSHAuth,
-		Data: map[string][]byte{corev1.SSHAuthPrivateKey: h.PrivateKeyPEM}}
-	if err := e.C.Create(e.Ctx, sec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.C.Delete(context.Background(), sec) })
-	host := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "survivor"}, Spec: apiary.HostSpec{
-		TenantControlPlane: "alpha", Address: h.Address, SSHKeySecretRef: corev1.LocalObjectReference{Name: sec.Name}, HostKey: h.HostKeyAuthorized,
-	}}
+	host := e.newHostFor(t, "survivor", h, "alpha")
 	start := time.Now()
 	if err := e.C.Create(e.Ctx, host); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package images
 
 import (
 	"debug/elf"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -43,16 +42,20 @@ func hostIPTables() ([]File, error) {
 // which upstream's Alpine-based image has. No modprobe: loading kernel
 // modules is the host's business (kube-router only logs that it failed).
 func hostKubeRouterTools() ([]File, error) {
-	roots, links, err := iptablesFiles()
+	const rtTables = "/etc/iproute2/rt_tables"
+	if _, err := os.Stat(rtTables); err != nil {
+		return nil, fmt.Errorf("the kube-router image needs %s from this machine: apt-get install iproute2 (%w)", rtTables, err)
+	}
+	roots, extra, err := iptablesFiles()
 	if err != nil {
 		return nil, err
 	}
 	roots = append(roots, "/usr/sbin/ipset", "/usr/bin/ip", "/usr/bin/busybox")
 	for _, applet := range []string{"sh", "cp", "mv", "rm", "cat", "test", "["} {
-		links = append(links, File{Path: "/usr/bin/" + applet, Link: "busybox"})
+		extra = append(extra, File{Path: "/usr/bin/" + applet, Link: "busybox"})
 	}
 	// Upstream's manifests run /bin/sh: keep Debian's merged-/usr link.
-	links = append(links, File{Path: "/bin", Link: "usr/bin"}, File{Path: "/sbin", Link: "usr/sbin"})
+	extra = append(extra, File{Path: "/bin", Link: "usr/bin"}, File{Path: "/sbin", Link: "usr/sbin"})
 	// ip's tables: kube-router adds its routing table to rt_tables (for the
 	// IPIP overlay between subnets) and fails that step without the file.
 	conf, err := filepath.Glob("/etc/iproute2/*")
@@ -61,13 +64,10 @@ func hostKubeRouterTools() ([]File, error) {
 	}
 	for _, c := range conf {
 		if fi, err := os.Stat(c); err == nil && fi.Mode().IsRegular() {
-			links = append(links, File{Path: c, Src: c, Mode: 0o644})
+			extra = append(extra, File{Path: c, Src: c, Mode: 0o644})
 		}
 	}
-	if len(conf) == 0 {
-		return nil, errors.New("the kube-router image needs /etc/iproute2/rt_tables from this machine: apt-get install iproute2")
-	}
-	return hostTools("kube-router", "apt-get install iptables conntrack ipset iproute2 busybox-static", roots, links)
+	return hostTools("kube-router", "apt-get install iptables conntrack ipset iproute2 busybox-static", roots, extra)
 }
 
 // hostBusybox is Debian's static busybox at /bin/busybox with a link per
@@ -120,8 +120,7 @@ func iptablesFiles() (roots []string, links []File, err error) {
 
 // hostTools copies roots (ELF files on this machine) into a layer at the same
 // paths, with their loader and every shared library they load, plus extra
-// (links and plain files);
-// hint says how to install a missing root.
+// (links and plain files); hint says how to install a missing root.
 func hostTools(image, hint string, roots []string, extra []File) ([]File, error) {
 	for _, r := range roots {
 		if _, err := os.Stat(r); err != nil {

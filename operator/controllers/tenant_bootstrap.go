@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -142,6 +143,8 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 		return res, err
 	}
 	c := tc.c
+	// The kinds applied, to watch for deletions (tenant_watch.go).
+	kinds := map[schema.GroupVersionKind]bool{}
 	for _, r := range all {
 		for _, o := range r.objs {
 			what := fmt.Sprintf("%s %s", o.GetKind(), client.ObjectKeyFromObject(o))
@@ -159,6 +162,7 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 				return res, fmt.Errorf("applying %s (%s): %w", what, r.part, err)
 			}
+			kinds[o.GroupVersionKind()] = true
 			res.applied++
 		}
 	}
@@ -169,7 +173,7 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 	b.applied[uid] = appliedBootstrap{hash: sum, at: now, result: res}
 	b.mu.Unlock()
 	// Watched from now on, so that a deleted object comes back at once.
-	if err := b.ensureWatch(in.TCP, tc.cfg, tc.kubeconfigHash); err != nil {
+	if err := b.ensureWatch(in.TCP, tc, kinds); err != nil {
 		return res, fmt.Errorf("watching the applied objects inside the tenant: %w", err)
 	}
 	return res, nil
