@@ -6,8 +6,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/apiaryhq/apiary/pki"
 )
@@ -32,6 +35,9 @@ const (
 	// maxDiagnosisTime is how much of Check's time is kept to find out why
 	// etcd did not answer (see diagnose).
 	maxDiagnosisTime = time.Second
+	// statusTimeout bounds each short maintenance call (a member's Status,
+	// AlarmList, AlarmDisarm): a member that is down must not hold a check.
+	statusTimeout = 2 * time.Second
 )
 
 // Client administers one DataStore. It is authenticated as etcd's root user
@@ -187,6 +193,85 @@ func (c *Client) Check(ctx context.Context) error {
 	}
 	if !slices.Contains(u.Roles, rootRole) {
 		return &Error{Reason: ReasonPermissionDenied, Err: fmt.Errorf("etcd user %q of the client certificate does not have the %q role", c.user, rootRole)}
+	}
+	return c.checkVersion(callCtx)
+}
+
+// MinVersion is the oldest etcd a DataStore may run: 3.5 is out of
+// upstream support and lacks fixes tenants sharing one etcd rely on.
+var MinVersion = version.MustParseSemantic("3.6.0")
+
+// SupportedVersion refuses an etcd version older than MinVersion.
+func SupportedVersion(v string) error {
+	parsed, err := version.ParseSemantic(v)
+	if err != nil {
+		return &Error{Reason: ReasonUnsupportedVersion, Err: fmt.Errorf("etcd reports version %q, which is not a version", v)}
+	}
+	if parsed.LessThan(MinVersion) {
+		return &Error{Reason: ReasonUnsupportedVersion, Err: fmt.Errorf("etcd %s is not supported: Apiary needs etcd %s or newer", v, MinVersion)}
+	}
+	return nil
+}
+
+// memberStatus is one member's answer to Status.
+type memberStatus struct {
+	endpoint string
+	status   *clientv3.StatusResponse
+}
+
+// statuses asks every member for its Status, in parallel and briefly: a
+// member that is down must not hold up a check. Members that do not answer
+// are left out; lastErr is the last failure, for when none answered.
+func (c *Client) statuses(ctx context.Context) (answered []memberStatus, lastErr error) {
+	eps := c.etcd.Endpoints()
+	type answer struct {
+		memberStatus
+		err error
+	}
+	answers := make(chan answer, len(eps))
+	for _, ep := range eps {
+		go func() {
+			callCtx, cancel := context.WithTimeout(ctx, statusTimeout)
+			defer cancel()
+			st, err := c.etcd.Status(callCtx, ep)
+			answers <- answer{memberStatus{ep, st}, err}
+		}()
+	}
+	for range eps {
+		if a := <-answers; a.err != nil {
+			lastErr = a.err
+		} else {
+			answered = append(answered, a.memberStatus)
+		}
+	}
+	slices.SortFunc(answered, func(a, b memberStatus) int { return strings.Compare(a.endpoint, b.endpoint) })
+	return answered, lastErr
+}
+
+// Versions are the versions of the members that answer, by endpoint; it
+// fails only when none answers.
+func (c *Client) Versions(ctx context.Context) (map[string]string, error) {
+	answered, lastErr := c.statuses(ctx)
+	if len(answered) == 0 {
+		return nil, c.explain(ctx, lastErr, "reading the etcd version")
+	}
+	out := map[string]string{}
+	for _, m := range answered {
+		out[m.endpoint] = m.status.Version
+	}
+	return out, nil
+}
+
+// checkVersion: one old member in a cluster is enough to refuse it.
+func (c *Client) checkVersion(ctx context.Context) error {
+	versions, err := c.Versions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, ep := range slices.Sorted(maps.Keys(versions)) {
+		if err := SupportedVersion(versions[ep]); err != nil {
+			return fmt.Errorf("%s: %w", ep, err)
+		}
 	}
 	return nil
 }

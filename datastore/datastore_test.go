@@ -423,3 +423,21 @@ func TestPoolConcurrentUse(t *testing.T) {
 	p.Close()
 	p.Close() // idempotent
 }
+
+func TestSupportedVersion(t *testing.T) {
+	for v, ok := range map[string]bool{
+		"3.6.0": true, "3.6.16": true, "3.7.1": true, "4.0.0": true,
+		"3.5.21": false, "3.4.9": false, "2.3.8": false, "": false, "3.6": false, "v3.6.0x": false,
+	} {
+		err := SupportedVersion(v)
+		if (err == nil) != ok {
+			t.Errorf("SupportedVersion(%q) = %v, want supported=%v", v, err, ok)
+		}
+		if err != nil && ReasonOf(err) != ReasonUnsupportedVersion {
+			t.Errorf("SupportedVersion(%q): reason %q", v, ReasonOf(err))
+		}
+	}
+	if err := SupportedVersion("3.5.21"); err == nil || !strings.Contains(err.Error(), "needs etcd 3.6.0 or newer") {
+		t.Errorf("message: %v", err)
+	}
+}

@@ -41,6 +41,8 @@ const (
 	ReasonNoSpace = "NoSpace"
 	// ReasonCanceled: the caller canceled the context.
 	ReasonCanceled = "Canceled"
+	// ReasonUnsupportedVersion: etcd is older than MinVersion.
+	ReasonUnsupportedVersion = "UnsupportedVersion"
 	// ReasonError is for every other error.
 	ReasonError = "Error"
 )

@@ -100,6 +100,12 @@ func TestCheckHealthy(t *testing.T) {
 	if err := c.Check(testContext(t)); err != nil {
 		t.Fatalf("Check on a healthy auth-enabled etcd: %v", err)
 	}
+	// Check read the version with a real call; so does Versions.
+	versions, err := c.Versions(testContext(t))
+	want := strings.TrimPrefix(etcdtest.Version, "v")
+	if err != nil || len(versions) != 1 || versions[s.Config().Endpoints[0]] != want {
+		t.Fatalf("Versions: %v, %v; want %s at %s", versions, err, want, s.Config().Endpoints[0])
+	}
 }
 
 func TestCheckUnreachableAfterStop(t *testing.T) {
@@ -833,5 +839,91 @@ func TestPool(t *testing.T) {
 	defer cancel()
 	if err := c1.Check(short); err == nil {
 		t.Error("the replaced client still works: it was not closed")
+	}
+}
+
+// A full shared etcd raises NOSPACE and refuses writes for everyone;
+// ReclaimSpace leaves the alarm while the data still fills the quota, and
+// once data is deleted (and compacted, as the members do periodically)
+// defragments and disarms it, and writes work again.
+func TestNoSpaceReclaimed(t *testing.T) {
+	t.Parallel()
+	const quota = 16 << 20
+	s := etcdtest.Start(t, etcdtest.WithArgs(fmt.Sprintf("--quota-backend-bytes=%d", quota)))
+	c := connect(t, s.Config())
+	root := s.RootClient(t)
+	ctx := testContext(t)
+	value := strings.Repeat("x", 256<<10)
+	next := 0
+	fill := func() {
+		t.Helper()
+		for ; next < 400; next++ {
+			if _, err := root.Put(ctx, fmt.Sprintf("/fill/%04d", next), value); err != nil {
+				if !errors.Is(err, rpctypes.ErrNoSpace) {
+					t.Fatalf("put %d: %v", next, err)
+				}
+				return
+			}
+		}
+		t.Fatal("etcd took 100 MiB under a 16 MiB quota without NOSPACE")
+	}
+	// etcd raises NOSPACE when the backend file crosses the quota, which
+	// can leave the data itself under the disarm line (90 %): then the
+	// reclaim disarms (correctly) and more writes raise it again, until the
+	// data fills the quota and the alarm must stay.
+	for round := 1; ; round++ {
+		fill()
+		sp, err := c.Space(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sp.NoSpace) == 0 || len(sp.Members) != 1 || sp.Members[0].Quota != quota {
+			t.Fatalf("space %+v: want a NOSPACE alarm and the member's quota %d", sp, quota)
+		}
+		r, err := c.ReclaimSpace(ctx)
+		if err != nil || len(r.Defragmented) != 1 {
+			t.Fatalf("reclaim while alarmed: %+v, %v", r, err)
+		}
+		after, err := c.Space(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := after.Members[0].Size
+		t.Logf("round %d: backend %d bytes before, %d after defragmentation (disarm below %d)", round, sp.Members[0].Size, size, quota*9/10)
+		if size >= quota*9/10 {
+			// Still full: defragmenting does not help, the alarm stays.
+			if r.Disarmed || !r.StillFull || len(after.NoSpace) == 0 {
+				t.Fatalf("reclaim while full: %+v, alarms %v", r, after.NoSpace)
+			}
+			break
+		}
+		if !r.Disarmed || r.StillFull || len(after.NoSpace) != 0 {
+			t.Fatalf("reclaim with room below the line: %+v, alarms %v", r, after.NoSpace)
+		}
+		if round == 5 {
+			t.Fatal("the data never filled the quota in 5 rounds")
+		}
+	}
+	// A tenant deletes (allowed under NOSPACE); the history is compacted.
+	del, err := root.Delete(ctx, "/fill/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatalf("delete under NOSPACE: %v", err)
+	}
+	if _, err := root.Compact(ctx, del.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.ReclaimSpace(ctx)
+	if err != nil || !r.Disarmed || r.StillFull || len(r.Defragmented) != 1 {
+		t.Fatalf("reclaim after deletion: %+v, %v", r, err)
+	}
+	if sp, _ := c.Space(ctx); len(sp.NoSpace) != 0 || sp.Members[0].Size >= quota/2 {
+		t.Errorf("after reclaim: %+v", sp)
+	}
+	if _, err := root.Put(ctx, "/after", "ok"); err != nil {
+		t.Errorf("write after disarm: %v", err)
+	}
+	// Nothing to do on a healthy, compact etcd.
+	if r, err := c.ReclaimSpace(ctx); err != nil || len(r.Defragmented) != 0 || r.Disarmed {
+		t.Errorf("reclaim on a healthy etcd: %+v, %v", r, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -68,6 +69,8 @@ type DataStoreReconciler struct {
 	ImageRepository string
 	// Now is the clock.
 	Now func() time.Time
+	// NetworkPolicy, when set, confines each managed etcd's members.
+	NetworkPolicy *render.PolicyInputs
 
 	statuses statusMemo[apiary.DataStoreStatus]
 }
@@ -174,9 +177,11 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	checkErr := r.check(ctx, ds)
 	if checkErr != nil {
 		r.set(ds, apiary.ConditionReady, metav1.ConditionFalse, datastore.ReasonOf(checkErr), checkErr.Error())
+		r.set(ds, apiary.ConditionSpaceAvailable, metav1.ConditionUnknown, datastore.ReasonOf(checkErr), "not checked while the DataStore is not Ready")
 	} else {
 		r.set(ds, apiary.ConditionReady, metav1.ConditionTrue, ReasonAvailable,
 			fmt.Sprintf("etcd answers at %s with authentication enabled", strings.Join(ds.Status.Endpoints, ",")))
+		r.reclaimSpace(ctx, ds)
 	}
 	if err := r.writeStatus(ctx, &orig, ds); err != nil {
 		return ctrl.Result{}, err
@@ -207,7 +212,7 @@ func (r *DataStoreReconciler) check(ctx context.Context, ds *apiary.DataStore) e
 // authentication once the members answer. It returns why the DataStore is
 // not usable yet, or "".
 func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.DataStore) (string, error) {
-	cr, err := newCredentials(ctx, r.Client, etcdSecrets{ds}, r.now())
+	cr, err := newCredentials(ctx, r.Client, r.APIReader, etcdSecrets{ds}, r.now())
 	if err != nil {
 		return "", err
 	}
@@ -220,24 +225,18 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		req  pki.Request
 	}{
 		{render.EtcdSecretServer, render.EtcdServingCertRequest(ds, r.ClusterDomain, false)},
-		{render.EtcdSecretPeer, render.EtcdServingCertRequest(ds, r.ClusterDomain, true)},
 		{render.EtcdSecretRoot, render.EtcdRootCertRequest()},
 	} {
 		if err := cr.leaf(ctx, leaf.kind, ca, leaf.req, nil); err != nil {
 			return "", err
 		}
 	}
+	peerCAOnly, err := r.peerCredentials(ctx, ds, cr, ca)
+	if err != nil {
+		return "", err
+	}
 	if len(cr.issued) > 0 {
 		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, ReasonIssued, "IssueCredentials", "issued %s", strings.Join(cr.issued, ", "))
-	}
-	mounted := map[string]map[string][]byte{}
-	for _, kind := range []render.SecretKind{render.EtcdSecretCA, render.EtcdSecretServer, render.EtcdSecretPeer} {
-		data := cr.data[kind]
-		if kind == render.EtcdSecretCA {
-			// Members only get the CA certificate; hash only that.
-			data = map[string][]byte{render.KeyTLSCert: data[render.KeyTLSCert]}
-		}
-		mounted[string(kind)] = data
 	}
 	apply := func(obj runtime.ApplyConfiguration, what string) error {
 		if err := r.Client.Apply(ctx, obj, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
@@ -251,8 +250,14 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if err := apply(render.EtcdPodDisruptionBudget(ds), "etcd PodDisruptionBudget"); err != nil {
 		return "", err
 	}
+	if r.NetworkPolicy != nil {
+		if err := apply(render.EtcdNetworkPolicy(ds, *r.NetworkPolicy), "etcd NetworkPolicy"); err != nil {
+			return "", err
+		}
+	}
 	sts := render.EtcdStatefulSet(render.EtcdInputs{
-		DataStore: ds, ClusterDomain: r.ClusterDomain, ConfigHash: render.ConfigHash(mounted), ImageRepository: r.ImageRepository,
+		DataStore: ds, ClusterDomain: r.ClusterDomain, ConfigHash: etcdConfigHash(cr.data), ImageRepository: r.ImageRepository,
+		PeerCAOnly: peerCAOnly,
 	})
 	if err := apply(sts, "etcd StatefulSet"); err != nil {
 		return "", err
@@ -302,8 +307,9 @@ func (r *DataStoreReconciler) deleteManaged(ctx context.Context, ds *apiary.Data
 		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: render.NetworkPolicyName(name)}},
 	}
-	for _, kind := range []render.SecretKind{render.EtcdSecretCA, render.EtcdSecretServer, render.EtcdSecretPeer, render.EtcdSecretRoot} {
+	for _, kind := range render.EtcdSecretKinds {
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: render.EtcdSecretName(ds, kind)}})
 	}
 	for _, obj := range objs {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,7 +48,26 @@ const (
 	EtcdSecretServer SecretKind = "etcd-server"
 	EtcdSecretPeer   SecretKind = "etcd-peer"
 	EtcdSecretRoot   SecretKind = "etcd-root"
+	// EtcdSecretPeerCA signs only peer certificates: the client port's CA
+	// (EtcdSecretCA), which signs every tenant's client certificate, is
+	// not trusted on the peer port.
+	EtcdSecretPeerCA SecretKind = "etcd-peer-ca"
+	// EtcdSecretPeerTrust holds the CA bundle the peer port trusts (key
+	// ca.crt): the peer CA, and the client CA too while an older DataStore
+	// moves its members to the peer CA.
+	EtcdSecretPeerTrust SecretKind = "etcd-peer-trust"
 )
+
+// EtcdSecretKinds are every Secret of a managed etcd.
+var EtcdSecretKinds = []SecretKind{EtcdSecretCA, EtcdSecretPeerCA, EtcdSecretServer, EtcdSecretPeer, EtcdSecretPeerTrust, EtcdSecretRoot}
+
+// EtcdMountedSecrets are the Secrets the members mount (the CAs' keys
+// stay with the operator).
+var EtcdMountedSecrets = []SecretKind{EtcdSecretCA, EtcdSecretServer, EtcdSecretPeer, EtcdSecretPeerTrust}
+
+// EtcdPeerCN is the common name of every peer certificate; members accept
+// no other on the peer port (--peer-cert-allowed-cn).
+const EtcdPeerCN = "etcd-peer"
 
 // EtcdName names the StatefulSet, its headless Service and PDB.
 func EtcdName(ds *apiary.DataStore) string { return ds.Name + "-etcd" }
@@ -89,6 +109,11 @@ func EtcdCACommonName(ds *apiary.DataStore) string {
 	return fmt.Sprintf("apiary datastore %s etcd", ds.Name)
 }
 
+// EtcdPeerCACommonName names a managed etcd's peer CA.
+func EtcdPeerCACommonName(ds *apiary.DataStore) string {
+	return fmt.Sprintf("apiary datastore %s etcd peers", ds.Name)
+}
+
 // EtcdServingCertRequest covers every member name (one wildcard per DNS
 // form) for the client port; with peer usage it serves the peer port too.
 func EtcdServingCertRequest(ds *apiary.DataStore, clusterDomain string, peer bool) pki.Request {
@@ -98,7 +123,7 @@ func EtcdServingCertRequest(ds *apiary.DataStore, clusterDomain string, peer boo
 	if peer {
 		// Peers authenticate to each other with the same certificate.
 		usages = append(usages, x509.ExtKeyUsageClientAuth)
-		cn = "etcd-peer"
+		cn = EtcdPeerCN
 	}
 	return pki.Request{
 		CommonName: cn,
@@ -189,6 +214,10 @@ type EtcdInputs struct {
 	// members one at a time.
 	ConfigHash      string
 	ImageRepository string
+	// PeerCAOnly: the peer port trusts only the peer CA, so it can also
+	// require the peer common name. False while an older DataStore moves
+	// to the peer CA.
+	PeerCAOnly bool
 }
 
 // EtcdArgs is the command line of a member; $(POD_NAME) is expanded by the
@@ -200,7 +229,7 @@ func EtcdArgs(in EtcdInputs) []string {
 	for i := range ds.Spec.Managed.Replicas {
 		initial = append(initial, fmt.Sprintf("%s-%d=https://%s:%d", EtcdName(ds), i, etcdMemberHost(ds, i, in.ClusterDomain), etcdPeerPort))
 	}
-	return flags(map[string]string{
+	args := map[string]string{
 		"name":                        "$(POD_NAME)",
 		"data-dir":                    etcdDataDir + "/data",
 		"listen-client-urls":          fmt.Sprintf("https://0.0.0.0:%d", etcdClientPort),
@@ -216,14 +245,35 @@ func EtcdArgs(in EtcdInputs) []string {
 		"cert-file":                   etcdPKIDir + "/server.crt",
 		"key-file":                    etcdPKIDir + "/server.key",
 		"peer-client-cert-auth":       "true",
-		"peer-trusted-ca-file":        etcdPKIDir + "/ca.crt",
+		"peer-trusted-ca-file":        etcdPKIDir + "/peer-trust.crt",
 		"peer-cert-file":              etcdPKIDir + "/peer.crt",
 		"peer-key-file":               etcdPKIDir + "/peer.key",
 		// Tenants run with --etcd-compaction-interval=0: compaction is
 		// global and needs root, so the datastore compacts itself.
 		"auto-compaction-mode":      "periodic",
 		"auto-compaction-retention": "5m",
-	}, nil)
+		// Below the volume, so that a tenant filling etcd meets NOSPACE
+		// (writes refused, reads and deletes still served) instead of a
+		// full disk that crashes every member for every tenant.
+		"quota-backend-bytes": strconv.FormatInt(EtcdQuotaBytes(ds.Spec.Managed), 10),
+	}
+	if in.PeerCAOnly {
+		args["peer-cert-allowed-cn"] = EtcdPeerCN
+	}
+	return flags(args, nil)
+}
+
+// defaultEtcdStorage is a member's volume size when the spec sets none.
+var defaultEtcdStorage = resource.MustParse("1Gi")
+
+// EtcdQuotaBytes is a member's backend quota: 80 % of its volume, leaving
+// room for the write-ahead log and snapshots.
+func EtcdQuotaBytes(m *apiary.ManagedEtcd) int64 {
+	size := defaultEtcdStorage
+	if m.Storage.Size != nil {
+		size = *m.Storage.Size
+	}
+	return size.Value() / 5 * 4
 }
 
 var defaultEtcdRequests = corev1.ResourceList{
@@ -290,6 +340,7 @@ func EtcdStatefulSet(in EtcdInputs) *appsv1ac.StatefulSetApplyConfiguration {
 			item(EtcdSecretCA, KeyTLSCert, "ca.crt"),
 			item(EtcdSecretServer, KeyTLSCert, "server.crt", KeyTLSKey, "server.key"),
 			item(EtcdSecretPeer, KeyTLSCert, "peer.crt", KeyTLSKey, "peer.key"),
+			item(EtcdSecretPeerTrust, KeyCACert, "peer-trust.crt"),
 		)),
 	}
 	spec := appsv1ac.StatefulSetSpec().
@@ -302,7 +353,7 @@ func EtcdStatefulSet(in EtcdInputs) *appsv1ac.StatefulSetApplyConfiguration {
 	if m.Storage.EmptyDir {
 		volumes = append(volumes, corev1ac.Volume().WithName("data").WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
 	} else {
-		size := resource.MustParse("1Gi")
+		size := defaultEtcdStorage
 		if m.Storage.Size != nil {
 			size = *m.Storage.Size
 		}

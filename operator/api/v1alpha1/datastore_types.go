@@ -56,7 +56,7 @@ type ManagedEtcd struct {
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
 	// Version of etcd (image registry.k8s.io/etcd:<version>-0).
-	// +kubebuilder:validation:Pattern=`^3\.[0-9]+\.[0-9]+$`
+	// +kubebuilder:validation:Pattern=`^3\.([6-9]|[1-9][0-9])\.[0-9]+$`
 	// +kubebuilder:default="3.6.16"
 	// +optional
 	Version string `json:"version,omitempty"`
