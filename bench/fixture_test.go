@@ -149,7 +149,11 @@ func issueAll(tcp *apiary.TenantControlPlane, ds dataStoreCA) (map[render.Secret
 	if err := leaf(render.SecretAPIServer, ca, render.APIServerCertRequest(tcp, endpoint, "cluster.local"), nil); err != nil {
 		return nil, err
 	}
-	if err := kubeconfigs(render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.MastersGroup),
+	if err := kubeconfigs(render.SecretOperatorKubeconfig, ca, render.ClientCertRequest(render.OperatorCN, render.MastersGroup),
+		apiary.KubeconfigKey, endpoint.URL()); err != nil {
+		return nil, err
+	}
+	if err := kubeconfigs(render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.ClusterAdminsGroup),
 		apiary.KubeconfigKey, endpoint.URL(), apiary.InternalKubeconfigKey, render.InternalURL(tcp)); err != nil {
 		return nil, err
 	}

@@ -185,6 +185,7 @@ func BenchmarkVerifyCredentials(b *testing.B) {
 		kubeconfigs(render.SecretControllerManagerConfig, ca, render.ClientCertRequest(render.ControllerManagerCN), apiary.KubeconfigKey)
 		kubeconfigs(render.SecretSchedulerConfig, ca, render.ClientCertRequest(render.SchedulerCN), apiary.KubeconfigKey)
 		leaf(render.SecretAPIServer, ca, render.APIServerCertRequest(tcp, endpoint, "cluster.local"), nil)
-		kubeconfigs(render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.MastersGroup), apiary.KubeconfigKey, apiary.InternalKubeconfigKey)
+		kubeconfigs(render.SecretOperatorKubeconfig, ca, render.ClientCertRequest(render.OperatorCN, render.MastersGroup), apiary.KubeconfigKey)
+		kubeconfigs(render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.ClusterAdminsGroup), apiary.KubeconfigKey, apiary.InternalKubeconfigKey)
 	}
 }

@@ -17,6 +17,11 @@ const (
 	// certificates carry it instead of system:masters.
 	ClusterAdminsGroup = "kubeadm:cluster-admins"
 
+	// AnnotationCreateOnce marks an object the bootstrap creates when the
+	// tenant is new and then leaves to the tenant (never re-applied, never
+	// re-created once deleted).
+	AnnotationCreateOnce = "apiary.dev/create-once"
+
 	KubeadmConfigMap = "kubeadm-config"
 	KubeletConfigMap = "kubelet-config"
 	// KubeletConfigKey is the key of the KubeletConfiguration in
@@ -64,7 +69,11 @@ func bootstrap(in Inputs) ([]any, error) {
 		clusterRoleBinding(p, "kubeadm:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group(nodesGroup)),
 		getNodesClusterRole(p),
 		clusterRoleBinding(p, "kubeadm:get-nodes", "kubeadm:get-nodes", group(NodeBootstrapTokenGroup)),
-		clusterRoleBinding(p, "kubeadm:cluster-admins", "cluster-admin", group(ClusterAdminsGroup)),
+		// Created once, never re-applied: deleting it (or editing its
+		// subjects) is how the tenant's owner revokes exported admin
+		// kubeconfigs, and Apiary must not undo that.
+		clusterRoleBinding(p, "kubeadm:cluster-admins", "cluster-admin", group(ClusterAdminsGroup)).
+			WithAnnotations(map[string]string{AnnotationCreateOnce: "true"}),
 	)
 	return objs, nil
 }

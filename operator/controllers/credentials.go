@@ -60,7 +60,9 @@ func (e etcdSecrets) secret(kind render.SecretKind, data map[string][]byte) *cor
 // name). Writes use Create, or Update with the read resourceVersion, so that
 // a stale cache can never overwrite a key pair with a different one.
 type credentials struct {
-	c      client.Client
+	c client.Client
+	// reader reads past the cache, which holds only Apiary's Secrets.
+	reader client.Reader
 	set    secretSet
 	now    time.Time
 	byKind map[render.SecretKind]*corev1.Secret
@@ -76,12 +78,12 @@ type credentials struct {
 // again shortly rather than issue it twice.
 var errCacheBehind = fmt.Errorf("secret cache is behind the API server")
 
-func newCredentials(ctx context.Context, c client.Client, set secretSet, now time.Time) (*credentials, error) {
+func newCredentials(ctx context.Context, c client.Client, reader client.Reader, set secretSet, now time.Time) (*credentials, error) {
 	var list corev1.SecretList
 	if err := c.List(ctx, &list, client.InNamespace(set.namespace()), client.MatchingLabels(set.selector())); err != nil {
 		return nil, fmt.Errorf("listing Secrets of %s: %w", set.clusterName(), err)
 	}
-	cr := &credentials{c: c, set: set, now: now,
+	cr := &credentials{c: c, reader: reader, set: set, now: now,
 		byKind: map[render.SecretKind]*corev1.Secret{},
 		data:   map[render.SecretKind]map[string][]byte{},
 	}
@@ -114,7 +116,7 @@ func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data m
 	if old := cr.byKind[kind]; old == nil {
 		if err := cr.c.Create(ctx, desired); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				return errCacheBehind
+				return cr.alreadyExists(ctx, desired)
 			}
 			return fmt.Errorf("creating Secret %s: %w", desired.Name, err)
 		}
@@ -131,6 +133,24 @@ func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data m
 	cr.data[kind] = data
 	cr.issued = append(cr.issued, fmt.Sprintf("%s (%s)", desired.Name, why))
 	return nil
+}
+
+// alreadyExists tells a Secret we wrote and the cache has not seen yet
+// (reconcile again shortly) from one someone else made under the same name,
+// which Apiary never adopts or overwrites: that is an error, retried with
+// the controller's backoff rather than every 200 ms.
+func (cr *credentials) alreadyExists(ctx context.Context, desired *corev1.Secret) error {
+	var found corev1.Secret
+	if err := cr.reader.Get(ctx, client.ObjectKeyFromObject(desired), &found); err != nil {
+		if apierrors.IsNotFound(err) {
+			return errCacheBehind
+		}
+		return fmt.Errorf("reading Secret %s/%s: %w", desired.Namespace, desired.Name, err)
+	}
+	if owner := metav1.GetControllerOf(&found); owner != nil && owner.UID == cr.set.ownerUID() && found.Labels[render.LabelManagedBy] == render.ManagedBy {
+		return errCacheBehind
+	}
+	return fmt.Errorf("Secret %s/%s already exists and was not made by Apiary for %s: Apiary does not adopt or overwrite it; delete or rename it", desired.Namespace, desired.Name, cr.set.clusterName())
 }
 
 func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPair) {

@@ -38,6 +38,9 @@ type tenantBootstrapper struct {
 	clients map[types.UID]tenantClient
 	applied map[types.UID]appliedBootstrap
 	watches map[types.UID]tenantWatch
+	// deletions counts the deletions seen inside each tenant: an apply
+	// that a deletion overtook must not record itself as complete.
+	deletions map[types.UID]uint64
 	// deleted receives a tenant when an object applied inside it is
 	// deleted (tenant_watch.go); the controller reads it as a source.
 	deleted chan event.GenericEvent
@@ -62,6 +65,8 @@ type bootstrapResult struct {
 	applied, removed int
 	parts            []tenant.Part
 	skipped          bool
+	// createdOnce: the create-once objects exist (made now or before).
+	createdOnce bool
 }
 
 // client returns the tenant's client, rebuilding it when the kubeconfig
@@ -91,6 +96,22 @@ func (b *tenantBootstrapper) client(uid types.UID, kubeconfig []byte) (tenantCli
 	return tc, nil
 }
 
+// remember records a complete apply, unless a deletion inside the tenant
+// was seen since it started (seen): the deleted object may have been
+// applied before its deletion, so the memo stays empty and the reconcile
+// the deletion queued applies again.
+func (b *tenantBootstrapper) remember(uid types.UID, seen uint64, a appliedBootstrap) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.deletions[uid] != seen {
+		return
+	}
+	if b.applied == nil {
+		b.applied = map[types.UID]appliedBootstrap{}
+	}
+	b.applied[uid] = a
+}
+
 // forget drops what is remembered of a deleted tenant.
 func (b *tenantBootstrapper) forget(uid types.UID) {
 	b.stopWatch(uid)
@@ -98,6 +119,7 @@ func (b *tenantBootstrapper) forget(uid types.UID) {
 	defer b.mu.Unlock()
 	delete(b.clients, uid)
 	delete(b.applied, uid)
+	delete(b.deletions, uid)
 }
 
 // bootstrap applies every enabled part and removes the objects of disabled
@@ -131,6 +153,7 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 	uid := in.TCP.UID
 	b.mu.Lock()
 	last, ok := b.applied[uid]
+	seen := b.deletions[uid]
 	b.mu.Unlock()
 	if ok && last.hash == sum && now.Sub(last.at) < resync {
 		res = last.result
@@ -159,6 +182,16 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 				}
 				continue
 			}
+			if o.GetAnnotations()[tenant.AnnotationCreateOnce] == "true" {
+				if in.TCP.Status.AdminBindingCreated {
+					continue
+				}
+				if err := c.Create(ctx, o, client.FieldOwner(FieldOwner)); err != nil && !apierrors.IsAlreadyExists(err) {
+					return res, fmt.Errorf("creating %s (%s): %w", what, r.part, err)
+				}
+				res.createdOnce = true
+				continue
+			}
 			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 				return res, fmt.Errorf("applying %s (%s): %w", what, r.part, err)
 			}
@@ -166,12 +199,7 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 			res.applied++
 		}
 	}
-	b.mu.Lock()
-	if b.applied == nil {
-		b.applied = map[types.UID]appliedBootstrap{}
-	}
-	b.applied[uid] = appliedBootstrap{hash: sum, at: now, result: res}
-	b.mu.Unlock()
+	b.remember(uid, seen, appliedBootstrap{hash: sum, at: now, result: res})
 	// Watched from now on, so that a deleted object comes back at once.
 	if err := b.ensureWatch(in.TCP, tc, kinds); err != nil {
 		return res, fmt.Errorf("watching the applied objects inside the tenant: %w", err)
@@ -179,9 +207,9 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 	return res, nil
 }
 
-// errNoAdminKubeconfig means the credentials step has not stored the admin
-// kubeconfig the bootstrap needs.
-var errNoAdminKubeconfig = errors.New("the admin kubeconfig is not issued yet")
+// errNoAdminKubeconfig means the credentials step has not stored the
+// operator's kubeconfig the bootstrap needs.
+var errNoAdminKubeconfig = errors.New("the operator's kubeconfig for the tenant is not issued yet")
 
 // forgetTenant is called when a tenant is gone.
 func (r *TenantControlPlaneReconciler) forgetTenant(uid types.UID) {
@@ -191,7 +219,7 @@ func (r *TenantControlPlaneReconciler) forgetTenant(uid types.UID) {
 // bootstrapTenant applies the tenant-side objects and sets
 // TenantBootstrapped.
 func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, server string) error {
-	kubeconfig := cr.data[render.SecretAdminKubeconfig][apiary.KubeconfigKey]
+	kubeconfig := cr.data[render.SecretOperatorKubeconfig][apiary.KubeconfigKey]
 	caPEM := cr.data[render.SecretCA][render.KeyTLSCert]
 	if len(kubeconfig) == 0 || len(caPEM) == 0 {
 		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, errNoAdminKubeconfig.Error())
@@ -206,6 +234,9 @@ func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp 
 	if err != nil {
 		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, err.Error())
 		return err
+	}
+	if res.createdOnce {
+		tcp.Status.AdminBindingCreated = true
 	}
 	msg := fmt.Sprintf("applied %d objects inside the tenant (%v)", res.applied, res.parts)
 	if res.removed > 0 {

@@ -112,6 +112,10 @@ func (b *tenantBootstrapper) forgetDeleted(uid types.UID, obj any) bool {
 		}
 	}
 	delete(b.applied, uid)
+	if b.deletions == nil {
+		b.deletions = map[types.UID]uint64{}
+	}
+	b.deletions[uid]++
 	return true
 }
 

@@ -42,3 +42,26 @@ func TestForgetDeleted(t *testing.T) {
 		}
 	}
 }
+
+// A deletion seen while an apply runs (the object may have been applied
+// just before it was deleted) keeps that apply from being remembered, so
+// the reconcile the deletion queued applies again instead of skipping.
+func TestDeletionDuringApplyIsNotLost(t *testing.T) {
+	const uid = types.UID("u1")
+	deleted := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: "coredns", Labels: map[string]string{
+		tenant.LabelManagedBy: tenant.ManagedBy, tenant.LabelPart: string(tenant.PartCoreDNS)}}}
+	b := &tenantBootstrapper{}
+	seen := b.deletions[uid] // an apply starts
+	if !b.forgetDeleted(uid, deleted) {
+		t.Fatal("deletion not queued")
+	}
+	b.remember(uid, seen, appliedBootstrap{result: bootstrapResult{parts: []tenant.Part{tenant.PartCoreDNS}}}) // and ends
+	if _, ok := b.applied[uid]; ok {
+		t.Fatal("the overtaken apply was remembered: the queued reconcile would skip the re-apply")
+	}
+	// The next apply, with no deletion during it, is remembered.
+	b.remember(uid, b.deletions[uid], appliedBootstrap{})
+	if _, ok := b.applied[uid]; !ok {
+		t.Fatal("an apply without deletions was not remembered")
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,6 +40,7 @@ import (
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/webhooks"
 	"github.com/apiaryhq/apiary/pki"
 )
 
@@ -50,6 +52,11 @@ const (
 	TenantFinalizer = "apiary.dev/tenant-cleanup"
 	// AnnotationDefaultDataStore marks the DataStore placement prefers.
 	AnnotationDefaultDataStore = "apiary.dev/default-datastore"
+	// AnnotationOrphanDataStoreData on a tenant being deleted lets the
+	// deletion finish without removing its etcd user, role and keys: the
+	// escape hatch when its DataStore is gone for good. The slice stays
+	// behind (an event names it) for an etcd admin to remove.
+	AnnotationOrphanDataStoreData = "apiary.dev/orphan-datastore-data"
 
 	// apiUnreachableFastPoll is how long the tenant API is probed every
 	// second before backing off.
@@ -79,6 +86,7 @@ const (
 	ReasonDeleting                = "Deleting"
 	ReasonApplied                 = "Applied"
 	ReasonBootstrapFailed         = "BootstrapFailed"
+	ReasonInvalidSpec             = "InvalidSpec"
 )
 
 // TenantControlPlaneReconciler reconciles TenantControlPlanes: datastore
@@ -101,6 +109,9 @@ type TenantControlPlaneReconciler struct {
 	BootstrapResync time.Duration
 	// Now is the clock (tests move it to check renewal).
 	Now func() time.Time
+	// NetworkPolicy, when set, confines each tenant's control-plane pods
+	// with a NetworkPolicy of these inputs.
+	NetworkPolicy *render.PolicyInputs
 
 	statuses     statusMemo[apiary.TenantControlPlaneStatus]
 	bootstrapper tenantBootstrapper
@@ -116,6 +127,7 @@ type TenantControlPlaneReconciler struct {
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the controller and its watches.
 func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -133,6 +145,7 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 		Owns(&corev1.Secret{}).
 		Owns(&corev1.Service{}).
 		Owns(&appsv1.Deployment{}).
+		Owns(&networkingv1.NetworkPolicy{}).
 		// A DataStore turning Ready (or not) changes its tenants' conditions.
 		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore), builder.WithPredicates(dataStoreChangesTenants())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
@@ -235,6 +248,15 @@ func (r *TenantControlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.R
 		tcp.ResourceVersion = orig.ResourceVersion
 	}
 
+	// The webhook may be off, deleted or bypassed: check again before
+	// anything of the spec reaches a pod. What runs keeps running.
+	if errs := webhooks.Validate(tcp); len(errs) > 0 {
+		tcp.Status.ObservedGeneration = tcp.Generation
+		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonInvalidSpec,
+			"the spec is refused and nothing of it was applied (the admission webhook did not check it): "+errs.ToAggregate().Error())
+		return ctrl.Result{}, r.writeStatus(ctx, &orig, tcp)
+	}
+
 	result, reconcileErr := r.reconcile(ctx, tcp)
 	if errors.Is(reconcileErr, errCacheBehind) {
 		result, reconcileErr = ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
@@ -262,8 +284,15 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 		return ctrl.Result{}, err
 	}
 
+	// The network boundary before anything of the tenant runs.
+	if r.NetworkPolicy != nil {
+		if err := r.Client.Apply(ctx, render.TenantNetworkPolicy(tcp, ds, *r.NetworkPolicy), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return ctrl.Result{}, fmt.Errorf("applying NetworkPolicy: %w", err)
+		}
+	}
+
 	// 2. Credentials that do not depend on the endpoint.
-	cr, err := newCredentials(ctx, r.Client, tenantSecrets{tcp}, r.Now())
+	cr, err := newCredentials(ctx, r.Client, r.APIReader, tenantSecrets{tcp}, r.Now())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -394,7 +423,11 @@ func (r *TenantControlPlaneReconciler) issueEndpointBound(ctx context.Context, t
 	if err := cr.leaf(ctx, render.SecretKonnectivityServer, ca, render.KonnectivityServerCertRequest(tcp, ep, r.ClusterDomain), nil); err != nil {
 		return err
 	}
-	return cr.kubeconfigs(ctx, render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.MastersGroup), "admin",
+	if err := cr.kubeconfigs(ctx, render.SecretOperatorKubeconfig, ca, render.ClientCertRequest(render.OperatorCN, render.MastersGroup), "apiary-operator",
+		kubeconfig{key: apiary.KubeconfigKey, server: ep.URL()}); err != nil {
+		return err
+	}
+	return cr.kubeconfigs(ctx, render.SecretAdminKubeconfig, ca, render.ClientCertRequest(render.AdminCN, render.ClusterAdminsGroup), "admin",
 		kubeconfig{key: apiary.KubeconfigKey, server: ep.URL()},
 		kubeconfig{key: apiary.InternalKubeconfigKey, server: render.InternalURL(tcp)})
 }
@@ -539,12 +572,15 @@ func (r *TenantControlPlaneReconciler) observeEndpoint(ctx context.Context, tcp 
 		}
 		return ep, fmt.Sprintf("Service %s/%s of type LoadBalancer has no address yet", tcp.Namespace, render.ServiceName(tcp)), nil
 	case corev1.ServiceTypeNodePort:
+		// The Service also carries the konnectivity port: take the NodePort
+		// of the API's own port, not the last one allocated.
+		allocated := false
 		for _, p := range svc.Spec.Ports {
-			if p.NodePort != nil && *p.NodePort != 0 {
-				ep.Port = *p.NodePort
+			if p.Port != nil && *p.Port == n.Port && p.NodePort != nil && *p.NodePort != 0 {
+				ep.Port, allocated = *p.NodePort, true
 			}
 		}
-		if ep.Port == n.Port {
+		if !allocated {
 			return ep, "the NodePort has not been allocated yet", nil
 		}
 		ep.Host = n.Address
@@ -742,9 +778,14 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		return ctrl.Result{}, err
 	}
 	if name := tcp.Status.DataStore.Name; name != "" {
-		if err := r.releaseDataStore(ctx, tcp, name); err != nil {
+		if tcp.Annotations[AnnotationOrphanDataStoreData] == "true" {
+			slice := datastore.TenantFor(tcp.UID)
+			r.Recorder.Eventf(tcp, nil, corev1.EventTypeWarning, "DataStoreDataOrphaned", "ReleaseDataStore",
+				"annotation %s: etcd user and role %s and the keys under %s on DataStore %s are left in place; remove them with etcdctl as root",
+				AnnotationOrphanDataStoreData, slice.User, slice.Prefix, name)
+		} else if err := r.releaseDataStore(ctx, tcp, name); err != nil {
 			r.setCondition(tcp, apiary.ConditionDataStoreReady, metav1.ConditionFalse, datastore.ReasonOf(err),
-				fmt.Sprintf("cannot remove the tenant's etcd keys, role and user from DataStore %s yet: %v", name, err))
+				fmt.Sprintf("cannot remove the tenant's etcd keys, role and user from DataStore %s yet: %v; if the DataStore is gone for good, annotate the tenant %s=true to finish the deletion and leave them behind", name, err, AnnotationOrphanDataStoreData))
 			return ctrl.Result{}, errors.Join(err, r.writeStatus(ctx, orig, tcp))
 		}
 	}
@@ -752,6 +793,9 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		return ctrl.Result{}, err
 	}
 	if err := r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.KonnectivityConfigMapName(tcp), Namespace: tcp.Namespace}}); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.deleteOwned(ctx, tcp, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: render.NetworkPolicyName(tcp.Name), Namespace: tcp.Namespace}}); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Delete the Secrets explicitly rather than leave them to the garbage
@@ -795,10 +839,9 @@ func (r *TenantControlPlaneReconciler) releaseDataStore(ctx context.Context, tcp
 	if err != nil {
 		return err
 	}
-	tenant := datastore.Tenant{User: tcp.Status.DataStore.User, Prefix: tcp.Status.DataStore.Prefix}
-	if tenant.User == "" || tenant.Prefix == "" {
-		tenant = datastore.TenantFor(tcp.UID)
-	}
+	// From the UID, never from status: status.dataStore is only a record,
+	// and a forged prefix there must not delete another tenant's keys.
+	tenant := datastore.TenantFor(tcp.UID)
 	if err := dc.DeleteTenant(callCtx, tenant); err != nil {
 		return err
 	}

@@ -63,9 +63,17 @@ type Inputs struct {
 // flags renders defaults overridden by extraArgs as sorted --key=value
 // arguments, so that the same spec always gives the same command line (a
 // different order would roll the pods for nothing).
+//
+// feature-gates is merged rather than replaced: the spec's gates come first
+// and Apiary's after them, so Apiary's win (the components read the list in
+// order, the last setting of a gate wins) and a spec that adds a gate
+// cannot drop one Apiary pins.
 func flags(defaults, extra map[string]string) []string {
 	merged := maps.Clone(defaults)
 	maps.Copy(merged, extra)
+	if d, e := defaults[featureGates], extra[featureGates]; d != "" && e != "" {
+		merged[featureGates] = e + "," + d
+	}
 	keys := slices.Sorted(maps.Keys(merged))
 	args := make([]string, 0, len(keys))
 	for _, k := range keys {
@@ -74,8 +82,57 @@ func flags(defaults, extra map[string]string) []string {
 	return args
 }
 
+// featureGates is merged, not replaced, by extraArgs (see flags).
+const featureGates = "feature-gates"
+
+// Component names a control-plane component whose command line a spec can
+// extend with extraArgs.
+type Component string
+
+const (
+	APIServer         Component = "apiServer"
+	ControllerManager Component = "controllerManager"
+	Scheduler         Component = "scheduler"
+)
+
+// Components are the components with extraArgs, in spec order.
+var Components = []Component{APIServer, ControllerManager, Scheduler}
+
+// DefaultFlags are the flags Apiary sets on a component, before extraArgs.
+func DefaultFlags(c Component, in Inputs) map[string]string {
+	switch c {
+	case APIServer:
+		return apiServerDefaults(in)
+	case ControllerManager:
+		return controllerManagerDefaults(in)
+	case Scheduler:
+		return schedulerDefaults()
+	}
+	return nil
+}
+
+// ExtraArgs are the extraArgs of a component in the spec.
+func ExtraArgs(c Component, s *apiary.TenantControlPlaneSpec) map[string]string {
+	switch c {
+	case APIServer:
+		return s.APIServer.ExtraArgs
+	case ControllerManager:
+		return s.ControllerManager.ExtraArgs
+	case Scheduler:
+		return s.Scheduler.ExtraArgs
+	}
+	return nil
+}
+
+// Args is a component's command line.
+func Args(c Component, in Inputs) []string {
+	return flags(DefaultFlags(c, in), ExtraArgs(c, &in.TCP.Spec))
+}
+
 // APIServerArgs is the kube-apiserver command line.
-func APIServerArgs(in Inputs) []string {
+func APIServerArgs(in Inputs) []string { return Args(APIServer, in) }
+
+func apiServerDefaults(in Inputs) map[string]string {
 	s := in.TCP.Spec
 	port := strconv.Itoa(int(s.Network.Port))
 	defaults := map[string]string{
@@ -86,15 +143,26 @@ func APIServerArgs(in Inputs) []string {
 		"client-ca-file":              pathCACert,
 		"enable-admission-plugins":    "NodeRestriction",
 		"enable-bootstrap-token-auth": "true",
-		"endpoint-reconciler-type":    "lease",
-		"etcd-cafile":                 pathEtcdCACert,
-		"etcd-certfile":               pathEtcdClientCert,
-		"etcd-keyfile":                pathEtcdClientKey,
-		"etcd-prefix":                 in.EtcdPrefix,
-		"etcd-servers":                strings.Join(in.EtcdServers, ","),
+		// Webhooks and aggregated APIs are called at their endpoints'
+		// addresses, so a new one does not wait for some node's kube-proxy
+		// to program its ClusterIP (the API server runs on no node).
+		"enable-aggregator-routing": "true",
+		"endpoint-reconciler-type":  "lease",
+		"etcd-cafile":               pathEtcdCACert,
+		"etcd-certfile":             pathEtcdClientCert,
+		"etcd-keyfile":              pathEtcdClientKey,
+		"etcd-prefix":               in.EtcdPrefix,
+		"etcd-servers":              strings.Join(in.EtcdServers, ","),
 		// The datastore is shared: compaction is global to etcd and needs
 		// root, so the datastore compacts itself and tenants never do.
-		"etcd-compaction-interval":           "0",
+		"etcd-compaction-interval": "0",
+		// So the tenant still sees the datastore's compaction: a list
+		// continue token older than the compacted revision is answered 410
+		// Gone, as upstream. Served from the watch cache's snapshots, it
+		// would be accepted, because the cache learns the compacted
+		// revision only from etcd's compact_rev_key, outside the tenant's
+		// prefix.
+		featureGates:                         "ListFromCacheSnapshot=false",
 		"kubelet-client-certificate":         pathKubeletClientCert,
 		"kubelet-client-key":                 pathKubeletClientKey,
 		"kubelet-preferred-address-types":    "InternalIP,ExternalIP,Hostname",
@@ -121,14 +189,16 @@ func APIServerArgs(in Inputs) []string {
 	if KonnectivityEnabled(in.TCP) {
 		defaults["egress-selector-config-file"] = pathEgressSelectorConfig
 	}
-	return flags(defaults, s.APIServer.ExtraArgs)
+	return defaults
 }
 
 // ControllerManagerArgs is the kube-controller-manager command line. It
 // talks to the API server of its own pod over loopback.
-func ControllerManagerArgs(in Inputs) []string {
+func ControllerManagerArgs(in Inputs) []string { return Args(ControllerManager, in) }
+
+func controllerManagerDefaults(in Inputs) map[string]string {
 	s := in.TCP.Spec
-	return flags(map[string]string{
+	return map[string]string{
 		"allocate-node-cidrs":              "true",
 		"authentication-kubeconfig":        pathControllerManagerCfg,
 		"authorization-kubeconfig":         pathControllerManagerCfg,
@@ -148,12 +218,14 @@ func ControllerManagerArgs(in Inputs) []string {
 		"service-account-private-key-file": pathSAKey,
 		"service-cluster-ip-range":         s.Network.ServiceCIDR,
 		"use-service-account-credentials":  "true",
-	}, s.ControllerManager.ExtraArgs)
+	}
 }
 
 // SchedulerArgs is the kube-scheduler command line.
-func SchedulerArgs(in Inputs) []string {
-	return flags(map[string]string{
+func SchedulerArgs(in Inputs) []string { return Args(Scheduler, in) }
+
+func schedulerDefaults() map[string]string {
+	return map[string]string{
 		"authentication-kubeconfig": pathSchedulerCfg,
 		"authorization-kubeconfig":  pathSchedulerCfg,
 		"bind-address":              "0.0.0.0",
@@ -161,5 +233,9 @@ func SchedulerArgs(in Inputs) []string {
 		"leader-elect":              "true",
 		"profiling":                 "false",
 		"secure-port":               strconv.Itoa(schedulerPort),
-	}, in.TCP.Spec.Scheduler.ExtraArgs)
+	}
 }
+
+// MountDirs are the directories Apiary mounts into the control-plane
+// containers (certificates, keys, kubeconfigs, the konnectivity socket).
+var MountDirs = []string{kubernetesDir, socketDir}

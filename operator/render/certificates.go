@@ -12,19 +12,27 @@ import (
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/pki"
+	"github.com/apiaryhq/apiary/tenant"
 )
 
 // Common names and groups of the tenant's client certificates, as kubeadm
 // names them.
 const (
-	AdminCN             = "kubernetes-admin"
+	AdminCN = "kubernetes-admin"
+	// OperatorCN is the operator's own client certificate in each tenant.
+	OperatorCN          = "apiary-operator"
 	ControllerManagerCN = "system:kube-controller-manager"
 	SchedulerCN         = "system:kube-scheduler"
 	KubeletClientCN     = "kube-apiserver-kubelet-client"
-	// MastersGroup is bound to cluster-admin by the API server itself, so
-	// the admin and kubelet-client certificates work before anything has been
-	// applied inside the tenant.
+	// MastersGroup is bound to cluster-admin by the API server itself and
+	// cannot be revoked: only the operator's and the kubelet-client
+	// certificates carry it, never one a user exports.
 	MastersGroup = "system:masters"
+	// ClusterAdminsGroup is kubeadm's group of the admin kubeconfig, bound
+	// to cluster-admin by a ClusterRoleBinding the bootstrap creates once
+	// inside the tenant (deleting it revokes every exported admin
+	// kubeconfig).
+	ClusterAdminsGroup = tenant.ClusterAdminsGroup
 )
 
 // CACommonName names a tenant's cluster CA so that a certificate found on

@@ -30,14 +30,17 @@ const (
 type SecretKind string
 
 const (
-	SecretCA                      SecretKind = "ca"
-	SecretAPIServer               SecretKind = "apiserver"
-	SecretAPIServerKubeletClient  SecretKind = "apiserver-kubelet-client"
-	SecretFrontProxyCA            SecretKind = "front-proxy-ca"
-	SecretFrontProxyClient        SecretKind = "front-proxy-client"
-	SecretServiceAccount          SecretKind = "sa"
-	SecretDataStoreClient         SecretKind = "datastore-client"
-	SecretAdminKubeconfig         SecretKind = "admin-kubeconfig"
+	SecretCA                     SecretKind = "ca"
+	SecretAPIServer              SecretKind = "apiserver"
+	SecretAPIServerKubeletClient SecretKind = "apiserver-kubelet-client"
+	SecretFrontProxyCA           SecretKind = "front-proxy-ca"
+	SecretFrontProxyClient       SecretKind = "front-proxy-client"
+	SecretServiceAccount         SecretKind = "sa"
+	SecretDataStoreClient        SecretKind = "datastore-client"
+	SecretAdminKubeconfig        SecretKind = "admin-kubeconfig"
+	// SecretOperatorKubeconfig is the operator's own break-glass
+	// credential (system:masters); it is never exported.
+	SecretOperatorKubeconfig      SecretKind = "operator-kubeconfig"
 	SecretControllerManagerConfig SecretKind = "controller-manager-kubeconfig"
 	SecretSchedulerConfig         SecretKind = "scheduler-kubeconfig"
 	SecretKonnectivityServer      SecretKind = "konnectivity-server"
@@ -49,7 +52,7 @@ const (
 var AllSecretKinds = []SecretKind{
 	SecretCA, SecretFrontProxyCA, SecretServiceAccount, SecretDataStoreClient,
 	SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyClient,
-	SecretAdminKubeconfig, SecretControllerManagerConfig, SecretSchedulerConfig,
+	SecretAdminKubeconfig, SecretOperatorKubeconfig, SecretControllerManagerConfig, SecretSchedulerConfig,
 	SecretKonnectivityServer, SecretKonnectivityKubeconfig,
 }
 

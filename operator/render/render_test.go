@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -84,6 +85,17 @@ func TestExtraArgsOverrideDefaults(t *testing.T) {
 	}
 }
 
+// A spec that adds feature gates keeps Apiary's, after its own so that
+// Apiary's win.
+func TestExtraFeatureGatesMerged(t *testing.T) {
+	tcp := fixture()
+	tcp.Spec.APIServer.ExtraArgs = map[string]string{"feature-gates": "MutatingAdmissionPolicy=true"}
+	args := APIServerArgs(inputs(tcp))
+	if want := "--feature-gates=MutatingAdmissionPolicy=true,ListFromCacheSnapshot=false"; !slices.Contains(args, want) {
+		t.Errorf("want %s in %v", want, args)
+	}
+}
+
 func TestAPIServerArgsBindTenantToItsDatastore(t *testing.T) {
 	args := APIServerArgs(inputs(fixture()))
 	for _, want := range []string{
@@ -158,7 +170,7 @@ func managedFixture(replicas int32) *apiary.DataStore {
 }
 
 func TestManagedEtcdGolden(t *testing.T) {
-	in := EtcdInputs{DataStore: managedFixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210"}
+	in := EtcdInputs{DataStore: managedFixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210", PeerCAOnly: true}
 	golden.YAML(t, "etcd-statefulset", EtcdStatefulSet(in))
 	golden.YAML(t, "etcd-service", EtcdService(in.DataStore))
 	golden.YAML(t, "etcd-pdb", EtcdPodDisruptionBudget(in.DataStore))
@@ -187,9 +199,51 @@ func TestManagedEtcdNames(t *testing.T) {
 	for _, a := range []string{
 		"--initial-cluster=default-etcd-0=https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-1=https://default-etcd-1.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-2=https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2380",
 		"--client-cert-auth=true", "--peer-client-cert-auth=true", "--auto-compaction-mode=periodic",
+		// 80 % of the default 1Gi volume.
+		"--quota-backend-bytes=858993456",
+		"--peer-trusted-ca-file=/etc/etcd/pki/peer-trust.crt",
 	} {
 		if !slices.Contains(args, a) {
 			t.Errorf("missing %s in %v", a, args)
 		}
+	}
+	// The peer common name is required only once the client CA is no
+	// longer trusted on the peer port.
+	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--peer-cert-allowed-cn") }) {
+		t.Errorf("peer-cert-allowed-cn while moving to the peer CA: %v", args)
+	}
+	separate := EtcdArgs(EtcdInputs{DataStore: ds, ClusterDomain: "cluster.local", PeerCAOnly: true})
+	if !slices.Contains(separate, "--peer-cert-allowed-cn="+EtcdPeerCN) {
+		t.Errorf("separate peer CA without peer-cert-allowed-cn: %v", separate)
+	}
+}
+
+func TestEtcdQuotaBytes(t *testing.T) {
+	for size, want := range map[string]int64{"": 858993456, "10Gi": 8589934592, "500M": 400000000} {
+		m := &apiary.ManagedEtcd{}
+		if size != "" {
+			q := resource.MustParse(size)
+			m.Storage.Size = &q
+		}
+		if got := EtcdQuotaBytes(m); got != want {
+			t.Errorf("size %q: quota %d, want %d", size, got, want)
+		}
+	}
+}
+
+func TestNetworkPolicyGolden(t *testing.T) {
+	in := PolicyInputs{
+		OperatorNamespace: "apiary-system", OperatorPodLabels: map[string]string{"app.kubernetes.io/name": "apiary"},
+		DNSNamespace: "kube-system", DNSPodLabels: map[string]string{"k8s-app": "kube-dns"},
+		MonitoringNamespaceLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"},
+		ManagementCIDRs:           []string{"10.200.0.0/16", "10.201.0.0/16", "fd00:200::/56"},
+	}
+	golden.YAML(t, "networkpolicy-tenant", TenantNetworkPolicy(fixture(), managedFixture(3), in))
+	golden.YAML(t, "networkpolicy-etcd", EtcdNetworkPolicy(managedFixture(3), in))
+	// An external DataStore: no etcd pods to select; its client port is
+	// outside the management ranges or not reachable at all.
+	external := TenantNetworkPolicy(fixture(), &apiary.DataStore{}, in)
+	if n := len(external.Spec.Egress); n != 2 {
+		t.Errorf("external DataStore: %d egress rules, want DNS and outside", n)
 	}
 }

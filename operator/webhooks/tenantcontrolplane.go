@@ -9,9 +9,9 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
-	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
 )
 
 // Supported Kubernetes minor versions (major 1).
@@ -27,24 +28,6 @@ const (
 	MinSupportedMinor = 35
 	MaxSupportedMinor = 37
 )
-
-// protectedArgs are flags Apiary sets from fields with rules of their own,
-// with the reason an extraArgs override is refused.
-var protectedArgs = map[string]string{
-	// Overriding these would point the API server at other keys or
-	// credentials than the tenant's own (etcd refuses, confusingly).
-	"etcd-servers":           "binds the tenant to its own datastore credentials",
-	"etcd-servers-overrides": "binds the tenant to its own datastore credentials",
-	"etcd-prefix":            "binds the tenant to its own datastore credentials",
-	"etcd-cafile":            "binds the tenant to its own datastore credentials",
-	"etcd-certfile":          "binds the tenant to its own datastore credentials",
-	"etcd-keyfile":           "binds the tenant to its own datastore credentials",
-	// These would get around the immutability of the network fields.
-	"service-cluster-ip-range": "comes from spec.network.serviceCIDR, which is immutable",
-	"cluster-cidr":             "comes from spec.network.podCIDR, which is immutable",
-	// The Service, the probes and the kubeconfigs use this port.
-	"secure-port": "comes from spec.network.port (and the component's fixed port)",
-}
 
 // versionPattern is the only form accepted: version.ParseSemantic alone
 // tolerates surrounding white space, which would end up in image tags.
@@ -78,6 +61,17 @@ func (TenantControlPlane) ValidateCreate(_ context.Context, tcp *apiary.TenantCo
 // ValidateUpdate checks a change, including the rules that compare with the
 // previous object (no downgrade, no skipped minor, immutable fields).
 func (TenantControlPlane) ValidateUpdate(_ context.Context, old, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
+	// Updates that leave the spec alone (finalizers, labels, annotations,
+	// and every update of an object being deleted) are not checked: a
+	// spec stored before a rule existed, or while the webhook was off,
+	// must not wedge the finalizer's removal.
+	// Compared defaulted: the stored object may predate a default.
+	oldD, newD := old.DeepCopy(), tcp.DeepCopy()
+	oldD.Default()
+	newD.Default()
+	if !tcp.DeletionTimestamp.IsZero() || equality.Semantic.DeepEqual(oldD.Spec, newD.Spec) {
+		return nil, nil
+	}
 	errs := Validate(tcp)
 	errs = append(errs, ValidateUpdate(old, tcp)...)
 	return warnings(tcp), invalid(tcp, errs)
@@ -122,9 +116,9 @@ func Validate(tcp *apiary.TenantControlPlane) field.ErrorList {
 		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must be between 1 and 7"))
 	}
 	errs = append(errs, validateNetwork(spec.Child("network"), s.Network)...)
-	errs = append(errs, validateComponent(spec.Child("apiServer"), s.APIServer)...)
-	errs = append(errs, validateComponent(spec.Child("controllerManager"), s.ControllerManager)...)
-	errs = append(errs, validateComponent(spec.Child("scheduler"), s.Scheduler)...)
+	for _, c := range render.Components {
+		errs = append(errs, validateExtraArgs(spec.Child(string(c), "extraArgs"), c, render.ExtraArgs(c, &s))...)
+	}
 	return errs
 }
 
@@ -229,28 +223,6 @@ func parseCIDR(p *field.Path, cidr string) (netip.Prefix, field.ErrorList) {
 		return prefix, field.ErrorList{field.Invalid(p, cidr, fmt.Sprintf("must be the network address of its range: %s", prefix.Masked()))}
 	}
 	return prefix, nil
-}
-
-func validateComponent(p *field.Path, c apiary.ComponentSpec) field.ErrorList {
-	var errs field.ErrorList
-	keys := make([]string, 0, len(c.ExtraArgs))
-	for k := range c.ExtraArgs {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		kp := p.Child("extraArgs").Key(k)
-		switch {
-		case k == "" || strings.HasPrefix(k, "-"):
-			errs = append(errs, field.Invalid(kp, k, "must be a flag name without leading dashes, such as audit-log-maxage"))
-		default:
-			// The components read '_' in flag names as '-'.
-			if why, ok := protectedArgs[strings.ReplaceAll(k, "_", "-")]; ok {
-				errs = append(errs, field.Forbidden(kp, "is set by Apiary and cannot be overridden: it "+why))
-			}
-		}
-	}
-	return errs
 }
 
 // ValidateUpdate checks the rules that compare a change with the previous

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,8 +109,8 @@ func TestValidate(t *testing.T) {
 		unsupported = "is not supported: supported versions are v1.35.x to v1.37.x"
 		preRelease  = "must be a released version without pre-release or build suffix"
 		sanRule     = "must be an IP address or a DNS name (optionally starting with *.)"
-		dashes      = "must be a flag name without leading dashes"
-		protected   = "cannot be overridden: it binds the tenant to its own datastore credentials"
+		dashes      = "must be a flag name matching"
+		protected   = "binds the tenant to its own datastore credentials"
 	)
 	tests := []struct {
 		name  string
@@ -325,7 +326,7 @@ func TestValidate(t *testing.T) {
 
 		// extraArgs
 		{"extraArgs allowed", with(func(t *apiary.TenantControlPlane) {
-			t.Spec.APIServer.ExtraArgs = map[string]string{"audit-log-maxage": "30", "v": "2", "etcd-compaction-interval": "0"}
+			t.Spec.APIServer.ExtraArgs = map[string]string{"audit-log-maxage": "30", "v": "2", "oidc-issuer-url": "https://issuer.example/path"}
 			t.Spec.ControllerManager.ExtraArgs = map[string]string{"node-monitor-grace-period": "50s"}
 			t.Spec.Scheduler.ExtraArgs = map[string]string{"v": "4"}
 		}), nil},
@@ -340,7 +341,7 @@ func TestValidate(t *testing.T) {
 		}), []want{inv("spec.controllerManager.extraArgs[]", dashes)}},
 		{"extraArgs dashed protected key", with(func(t *apiary.TenantControlPlane) {
 			t.Spec.APIServer.ExtraArgs = map[string]string{"--etcd-servers": "https://other:2379"}
-		}), []want{inv("spec.apiServer.extraArgs[--etcd-servers]", dashes)}},
+		}), []want{{field: "spec.apiServer.extraArgs[--etcd-servers]", typ: field.ErrorTypeForbidden, detail: []string{"--etcd-servers cannot be set", protected}}}},
 		{"extraArgs every protected key", with(func(t *apiary.TenantControlPlane) {
 			t.Spec.APIServer.ExtraArgs = map[string]string{
 				"etcd-servers": "https://other:2379", "etcd-prefix": "/other", "etcd-cafile": "/x",
@@ -748,4 +749,32 @@ func TestProtectedArgsBeyondEtcd(t *testing.T) {
 		want{field: "spec.apiServer.extraArgs[service_cluster_ip_range]", typ: field.ErrorTypeForbidden, detail: []string{"serviceCIDR, which is immutable"}},
 		want{field: "spec.controllerManager.extraArgs[cluster-cidr]", typ: field.ErrorTypeForbidden, detail: []string{"podCIDR, which is immutable"}},
 	)
+}
+
+// A spec stored before a rule existed (or while the webhook was off) must
+// not wedge finalizer removal or other metadata-only updates, nor any
+// update of an object being deleted; changing it is still checked.
+func TestValidateUpdateSkipsUnchangedSpec(t *testing.T) {
+	stored := with(func(t *apiary.TenantControlPlane) {
+		t.Spec.APIServer.ExtraArgs = map[string]string{"etcd-servers": "https://elsewhere:2379"}
+		t.Finalizers = []string{"apiary.dev/tenant-cleanup"}
+	})
+	stored.Spec.Network.DNSServiceIP = "" // as stored without the mutating webhook
+	metadataOnly := stored.DeepCopy()
+	metadataOnly.Finalizers = nil
+	metadataOnly.Default()
+	if _, err := (TenantControlPlane{}).ValidateUpdate(context.Background(), stored, metadataOnly); err != nil {
+		t.Errorf("finalizer removal refused: %v", err)
+	}
+	deleting := stored.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	deleting.Spec.Replicas = ptr.To[int32](3)
+	if _, err := (TenantControlPlane{}).ValidateUpdate(context.Background(), stored, deleting); err != nil {
+		t.Errorf("update of a tenant being deleted refused: %v", err)
+	}
+	changed := stored.DeepCopy()
+	changed.Spec.Replicas = ptr.To[int32](3)
+	if _, err := (TenantControlPlane{}).ValidateUpdate(context.Background(), stored, changed); err == nil || !strings.Contains(err.Error(), "--etcd-servers cannot be set") {
+		t.Errorf("a spec change of an invalid tenant: %v, want refused", err)
+	}
 }

@@ -21,8 +21,13 @@ const (
 // ComponentSpec customises one control-plane component.
 type ComponentSpec struct {
 	// ExtraArgs are added to the component's command line as --key=value, and
-	// replace a default of the same key. Flags that bind the tenant to its
-	// datastore credentials (etcd-*) cannot be set.
+	// replace a default of the same key. Keys are flag names
+	// (^[a-z0-9][a-z0-9-]*$). Flags that carry the tenant boundary cannot be
+	// set: etcd-*, authentication-*, authorization-*, requestheader-*,
+	// kubelet-*, tls-*, egress-selector-config-file, anonymous-auth,
+	// admission plugin removals, listeners and every credential path Apiary
+	// sets; values must not point into Apiary's mounts (/etc/kubernetes).
+	// The controller re-checks this when the webhook is off.
 	// +optional
 	ExtraArgs map[string]string `json:"extraArgs,omitempty"`
 	// Resources of the component's container. Unset requests get small
@@ -174,6 +179,12 @@ type TenantControlPlaneStatus struct {
 	// DataStore binding of the tenant.
 	// +optional
 	DataStore DataStoreBinding `json:"dataStore,omitempty"`
+	// AdminBindingCreated records that the bootstrap created the
+	// kubeadm:cluster-admins ClusterRoleBinding inside the tenant; it is
+	// never created again, so deleting it revokes the exported admin
+	// kubeconfigs for good.
+	// +optional
+	AdminBindingCreated bool `json:"adminBindingCreated,omitempty"`
 	// Certificates issued for the tenant, with their expiry.
 	// +listType=map
 	// +listMapKey=name
@@ -203,6 +214,12 @@ const (
 	ConditionReady              = "Ready"
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
+	// ConditionPeerCASeparate is a managed DataStore's: the peer port
+	// trusts only the peer CA, which signs nothing but member certificates.
+	ConditionPeerCASeparate = "PeerCASeparate"
+	// ConditionSpaceAvailable is a DataStore's: no etcd member has raised
+	// NOSPACE, so tenants can write.
+	ConditionSpaceAvailable = "SpaceAvailable"
 )
 
 // TenantControlPlane is a Kubernetes control plane hosted for a tenant.
