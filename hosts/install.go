@@ -110,6 +110,9 @@ func Install(ctx context.Context, c *Client, b *Bundle) error {
 		return &Error{ReasonCommandFailed, fmt.Errorf("install: starting SFTP: %w", err)}
 	}
 	defer sc.Close()
+	// SFTP calls take no context: closing the client ends a stalled copy.
+	stop := context.AfterFunc(ctx, func() { _ = sc.Close() })
+	defer stop()
 
 	var verify, extract strings.Builder
 	for _, l := range b.layers {
@@ -167,6 +170,9 @@ func upload(ctx context.Context, c *Client, sc *sftp.Client, l v1.Layer, file, h
 	}
 	if _, err := io.Copy(f, rc); err != nil {
 		f.Close()
+		if ctx.Err() != nil {
+			return fmt.Errorf("writing %s: %w", tmp, context.Cause(ctx))
+		}
 		return &Error{ReasonCommandFailed, fmt.Errorf("writing %s: %w", tmp, err)}
 	}
 	if err := f.Close(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -80,6 +81,7 @@ func Dial(ctx context.Context, t Target) (*Client, error) {
 	}
 	var mismatch error
 	var hostKeyCallback ssh.HostKeyCallback
+	var hostKeyAlgorithms []string
 	if t.InsecureSkipHostKeyCheck {
 		hostKeyCallback = ssh.InsecureIgnoreHostKey() //nolint:gosec // explicit, shown in status
 	} else {
@@ -87,6 +89,10 @@ func Dial(ctx context.Context, t Target) (*Client, error) {
 		if err != nil {
 			return nil, &Error{ReasonInvalidHostKey, fmt.Errorf("the pinned host key cannot be parsed (want authorized_keys format, e.g. \"ssh-ed25519 AAAA...\"): %w", err)}
 		}
+		// Offer only the pinned key's algorithms: a stock host has rsa,
+		// ecdsa and ed25519 keys, and x/crypto would otherwise negotiate
+		// the one it prefers (ecdsa) and fail against an ed25519 pin.
+		hostKeyAlgorithms = algorithmsFor(pinned.Type())
 		want := pinned.Marshal()
 		hostKeyCallback = func(_ string, _ net.Addr, key ssh.PublicKey) error {
 			if !bytes.Equal(key.Marshal(), want) {
@@ -106,10 +112,11 @@ func Dial(ctx context.Context, t Target) (*Client, error) {
 		timeout = 10 * time.Second
 	}
 	cfg := &ssh.ClientConfig{
-		User:            user,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: hostKeyCallback,
-		Timeout:         timeout,
+		User:              user,
+		Auth:              []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback:   hostKeyCallback,
+		HostKeyAlgorithms: hostKeyAlgorithms,
+		Timeout:           timeout,
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -138,8 +145,24 @@ func Dial(ctx context.Context, t Target) (*Client, error) {
 	return &Client{c: ssh.NewClient(sc, chans, reqs), user: user}, nil
 }
 
+// algorithmsFor are the host key algorithms that prove possession of a key
+// of the given type (an RSA key signs with SHA-2 or, on old hosts, SHA-1).
+func algorithmsFor(keyType string) []string {
+	if keyType == ssh.KeyAlgoRSA {
+		return []string{ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA}
+	}
+	return []string{keyType}
+}
+
 // Close ends the connection.
 func (c *Client) Close() error { return c.c.Close() }
+
+// MaxOutput bounds what RunScript keeps of a command's standard output; a
+// host that writes more fails the step instead of growing the operator.
+const MaxOutput = 4 << 20
+
+// maxStderr bounds the standard error kept for messages (its tail).
+const maxStderr = 16 << 10
 
 // RunScript runs a shell script on the host (as root: through sudo -n for
 // other users) and returns its standard output.
@@ -149,8 +172,10 @@ func (c *Client) RunScript(ctx context.Context, script string) (string, error) {
 		return "", &Error{ReasonUnreachable, fmt.Errorf("opening an SSH session: %w", err)}
 	}
 	defer s.Close()
-	var stdout, stderr bytes.Buffer
-	s.Stdout, s.Stderr = &stdout, &stderr
+	overflow := make(chan struct{})
+	stdout := &boundedBuffer{limit: MaxOutput, full: overflow}
+	stderr := &tailBuffer{limit: maxStderr}
+	s.Stdout, s.Stderr = stdout, stderr
 	s.Stdin = strings.NewReader(script)
 	cmd := "sh -s"
 	if c.user != "root" {
@@ -162,12 +187,77 @@ func (c *Client) RunScript(ctx context.Context, script string) (string, error) {
 	case <-ctx.Done():
 		_ = s.Signal(ssh.SIGKILL)
 		return stdout.String(), ctx.Err()
+	case <-overflow:
+		_ = s.Signal(ssh.SIGKILL)
+		return "", &Error{ReasonCommandFailed, fmt.Errorf("%s: stopped after more than %d MiB of output", cmd, MaxOutput>>20)}
 	case err := <-done:
+		if stdout.exceeded() {
+			return "", &Error{ReasonCommandFailed, fmt.Errorf("%s: stopped after more than %d MiB of output", cmd, MaxOutput>>20)}
+		}
 		if err != nil {
 			return stdout.String(), &Error{ReasonCommandFailed, fmt.Errorf("%s: %w: %s", cmd, err, strings.TrimSpace(stderr.String()))}
 		}
 		return stdout.String(), nil
 	}
+}
+
+// boundedBuffer keeps up to limit bytes and closes full once more arrive;
+// it then discards the rest, so a session never blocks on it.
+type boundedBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	limit int
+	over  bool
+	full  chan struct{}
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.over {
+		return len(p), nil
+	}
+	if b.buf.Len()+len(p) > b.limit {
+		b.over = true
+		close(b.full)
+		return len(p), nil
+	}
+	return b.buf.Write(p)
+}
+
+func (b *boundedBuffer) exceeded() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.over
+}
+
+func (b *boundedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// tailBuffer keeps the last limit bytes written.
+type tailBuffer struct {
+	mu    sync.Mutex
+	buf   []byte
+	limit int
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > b.limit {
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-b.limit:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }
 
 // errScanned stops a handshake once the host key is known.

@@ -3,8 +3,11 @@ package hosts
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"encoding/pem"
 	"net"
 	"strconv"
@@ -43,13 +46,51 @@ func newKey(t *testing.T) (ssh.Signer, []byte) {
 func startSSHServer(t *testing.T, authorized ssh.PublicKey) *sshServer {
 	t.Helper()
 	hostSigner, _ := newKey(t)
+	return startSSHServerWith(t, authorized, serverOptions{hostKeys: []ssh.Signer{hostSigner}})
+}
+
+// serverOptions: the host keys the server has (all offered) and what an
+// exec does (echo stdin unless endless, which writes output forever).
+type serverOptions struct {
+	hostKeys []ssh.Signer
+	endless  bool
+}
+
+// stockHostKeys are the rsa, ecdsa and ed25519 keys a stock Debian or
+// Ubuntu sshd has.
+func stockHostKeys(t *testing.T) []ssh.Signer {
+	t.Helper()
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ed, _ := newKey(t)
+	var out []ssh.Signer
+	for _, k := range []any{rsaKey, ecKey} {
+		s, err := ssh.NewSignerFromKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return append(out, ed)
+}
+
+func startSSHServerWith(t *testing.T, authorized ssh.PublicKey, o serverOptions) *sshServer {
+	t.Helper()
 	cfg := &ssh.ServerConfig{PublicKeyCallback: func(_ ssh.ConnMetadata, k ssh.PublicKey) (*ssh.Permissions, error) {
 		if bytes.Equal(k.Marshal(), authorized.Marshal()) {
 			return nil, nil
 		}
 		return nil, ssh.ErrNoAuth
 	}}
-	cfg.AddHostKey(hostSigner)
+	for _, k := range o.hostKeys {
+		cfg.AddHostKey(k)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -61,13 +102,13 @@ func startSSHServer(t *testing.T, authorized ssh.PublicKey) *sshServer {
 			if err != nil {
 				return
 			}
-			go serveSSH(conn, cfg)
+			go serveSSH(conn, cfg, o.endless)
 		}
 	}()
-	return &sshServer{addr: l.Addr().String(), hostKey: hostSigner.PublicKey()}
+	return &sshServer{addr: l.Addr().String(), hostKey: o.hostKeys[len(o.hostKeys)-1].PublicKey()}
 }
 
-func serveSSH(conn net.Conn, cfg *ssh.ServerConfig) {
+func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, endless bool) {
 	_, chans, reqs, err := ssh.NewServerConn(conn, cfg)
 	if err != nil {
 		conn.Close()
@@ -87,6 +128,14 @@ func serveSSH(conn net.Conn, cfg *ssh.ServerConfig) {
 					continue
 				}
 				_ = req.Reply(true, nil)
+				if endless {
+					line := bytes.Repeat([]byte("y"), 64<<10)
+					for {
+						if _, err := ch.Write(line); err != nil {
+							return
+						}
+					}
+				}
 				var in bytes.Buffer
 				_, _ = in.ReadFrom(ch)
 				_, _ = ch.Write([]byte("ran:" + in.String()))
@@ -169,5 +218,54 @@ func TestScanHostKey(t *testing.T) {
 	}
 	if !bytes.Equal(key.Marshal(), srv.hostKey.Marshal()) {
 		t.Fatalf("scanned %s, server has %s", ssh.FingerprintSHA256(key), ssh.FingerprintSHA256(srv.hostKey))
+	}
+}
+
+// A stock host offers rsa, ecdsa and ed25519 keys; whichever one is pinned,
+// Dial negotiates that one (x/crypto alone would prefer ecdsa).
+func TestDialStockHostKeys(t *testing.T) {
+	client, clientPEM := newKey(t)
+	keys := stockHostKeys(t)
+	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: keys})
+	for _, k := range keys {
+		t.Run(k.PublicKey().Type(), func(t *testing.T) {
+			c, err := Dial(t.Context(), srv.target(t, clientPEM, k.PublicKey()))
+			if err != nil {
+				t.Fatalf("pinned %s: %v", k.PublicKey().Type(), err)
+			}
+			c.Close()
+		})
+	}
+	// A key the host does not have is still a mismatch, not a negotiation
+	// failure with another reason.
+	other, _ := newKey(t)
+	_, err := Dial(t.Context(), srv.target(t, clientPEM, other.PublicKey()))
+	if ReasonOf(err) != ReasonHostKeyMismatch {
+		t.Fatalf("unknown pinned key: reason %q, %v", ReasonOf(err), err)
+	}
+}
+
+// A host that streams output forever fails the command with a bounded
+// message; what the client kept is bounded too.
+func TestRunScriptBoundsOutput(t *testing.T) {
+	client, clientPEM := newKey(t)
+	host, _ := newKey(t)
+	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, endless: true})
+	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := c.RunScript(ctx, "yes\n")
+	if ReasonOf(err) != ReasonCommandFailed || !strings.Contains(err.Error(), "stopped after more than 4 MiB of output") {
+		t.Fatalf("endless output: reason %q, %v", ReasonOf(err), err)
+	}
+	if len(out) != 0 || len(err.Error()) > 200 {
+		t.Errorf("kept %d bytes of output and a %d byte message", len(out), len(err.Error()))
+	}
+	if ctx.Err() != nil {
+		t.Errorf("stopped by the deadline, not by the bound")
 	}
 }

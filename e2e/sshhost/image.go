@@ -201,19 +201,19 @@ TasksMax=infinity
 WantedBy=multi-user.target
 `
 
-// hostKeyUnit makes this container's SSH host key at first boot, so that
-// no two hosts (nor two runs) share one; StartHost reads the public half
-// back for callers to pin. Only ed25519: one key type means one key a
-// client can be offered.
+// hostKeyUnit makes this container's SSH host keys at first boot, so that
+// no two hosts (nor two runs) share one; StartHost reads the ed25519 public
+// key back for callers to pin. All three types, as a stock Debian or Ubuntu
+// host has them: a client must negotiate the pinned one among them.
 const hostKeyUnit = `[Unit]
-Description=Generate this host's SSH host key
+Description=Generate this host's SSH host keys
 Before=ssh.service
 ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/usr/bin/ssh-keygen -q -t ed25519 -N "" -C "" -f /etc/ssh/ssh_host_ed25519_key
+ExecStart=/usr/bin/ssh-keygen -A
 
 [Install]
 WantedBy=multi-user.target
@@ -221,7 +221,9 @@ WantedBy=multi-user.target
 
 // sshdConfig comes before the rest of Debian's sshd_config (it Includes
 // sshd_config.d/*.conf first, and the first value of a keyword wins).
-const sshdConfig = `# apiary test host: key-only root login, one host key.
+const sshdConfig = `# apiary test host: key-only root login, the stock host key set.
+HostKey /etc/ssh/ssh_host_rsa_key
+HostKey /etc/ssh/ssh_host_ecdsa_key
 HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin prohibit-password
 PasswordAuthentication no

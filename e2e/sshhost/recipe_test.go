@@ -182,7 +182,8 @@ func TestImageContents(t *testing.T) {
 			t.Errorf("containerd config lacks %q", want)
 		}
 	}
-	for _, want := range []string{"PermitRootLogin prohibit-password", "PasswordAuthentication no", "HostKey /etc/ssh/ssh_host_ed25519_key"} {
+	for _, want := range []string{"PermitRootLogin prohibit-password", "PasswordAuthentication no",
+		"HostKey /etc/ssh/ssh_host_rsa_key", "HostKey /etc/ssh/ssh_host_ecdsa_key", "HostKey /etc/ssh/ssh_host_ed25519_key"} {
 		if !strings.Contains(sshdConfig, want) {
 			t.Errorf("sshd config lacks %q", want)
 		}

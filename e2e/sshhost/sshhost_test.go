@@ -217,10 +217,22 @@ func checkHost(ctx context.Context, t *testing.T, d *sshhost.Docker, h *sshhost.
 	}
 	// No password login for root; the client key is the only way in.
 	pw := &ssh.ClientConfig{User: "root", Auth: []ssh.AuthMethod{ssh.Password("root")},
-		HostKeyCallback: ssh.FixedHostKey(h.HostKey), Timeout: 10 * time.Second}
+		HostKeyCallback: ssh.FixedHostKey(h.HostKey), HostKeyAlgorithms: []string{h.HostKey.Type()}, Timeout: 10 * time.Second}
 	if c, err := ssh.Dial("tcp", net.JoinHostPort(h.Address, "22"), pw); err == nil {
 		c.Close()
 		t.Errorf("%s: password login accepted", h.Name)
+	} else if !strings.Contains(err.Error(), "unable to authenticate") {
+		t.Errorf("%s: password login: want an authentication failure, got %v", h.Name, err)
+	}
+	// The stock key set: rsa, ecdsa and ed25519, each offered.
+	for _, typ := range []string{ssh.KeyAlgoRSASHA512, ssh.KeyAlgoECDSA256, ssh.KeyAlgoED25519} {
+		var got ssh.PublicKey
+		scan := &ssh.ClientConfig{User: "root", HostKeyAlgorithms: []string{typ}, Timeout: 10 * time.Second,
+			HostKeyCallback: func(_ string, _ net.Addr, k ssh.PublicKey) error { got = k; return errors.New("scanned") }}
+		_, _ = ssh.Dial("tcp", net.JoinHostPort(h.Address, "22"), scan)
+		if got == nil {
+			t.Errorf("%s: offers no %s host key", h.Name, typ)
+		}
 	}
 
 	// The pinned key works, and the agent's SFTP subsystem is there.

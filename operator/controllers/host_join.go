@@ -77,15 +77,15 @@ func (r *HostReconciler) tenant(ctx context.Context, h *apiary.Host) (*tenantAcc
 		return nil, ReasonTenantNotReady, fmt.Errorf("TenantControlPlane %s is not Ready yet", tcp.Name)
 	}
 	var kc, ca corev1.Secret
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: tcp.AdminKubeconfigSecretName()}, &kc); err != nil {
-		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant's admin kubeconfig: %w", err)
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: render.SecretName(&tcp, render.SecretOperatorKubeconfig)}, &kc); err != nil {
+		return nil, ReasonTenantNotReady, fmt.Errorf("reading the operator's kubeconfig for the tenant: %w", err)
 	}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: render.SecretName(&tcp, render.SecretCA)}, &ca); err != nil {
 		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant CA: %w", err)
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc.Data[apiary.KubeconfigKey])
 	if err != nil {
-		return nil, ReasonTenantNotReady, fmt.Errorf("the tenant's admin kubeconfig: %w", err)
+		return nil, ReasonTenantNotReady, fmt.Errorf("the operator's kubeconfig for the tenant: %w", err)
 	}
 	cfg.UserAgent, cfg.Timeout = "apiary-operator", 15*time.Second
 	cs, err := kubernetes.NewForConfig(cfg)
@@ -313,8 +313,10 @@ func (r *HostReconciler) applyNodeMetadata(ctx context.Context, h *apiary.Host, 
 	return err
 }
 
-// approveServingCSRs approves the Node's pending kubelet serving CSRs whose
-// names and addresses are the Node's and the Host's, and nothing else.
+// approveServingCSRs approves the Node's pending kubelet serving CSRs for
+// the Node's name and the Host's spec address, and nothing else: not the
+// addresses the kubelet reports about itself (a tenant's root on the host
+// can make it report any), and never a Service or cluster-domain name.
 func (r *HostReconciler) approveServingCSRs(ctx context.Context, h *apiary.Host, ta *tenantAccess, node *corev1.Node) (int, error) {
 	list, err := ta.cs.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -322,13 +324,8 @@ func (r *HostReconciler) approveServingCSRs(ctx context.Context, h *apiary.Host,
 	}
 	allowedIPs := []string{h.Spec.Address}
 	allowedNames := []string{node.Name}
-	for _, a := range node.Status.Addresses {
-		switch a.Type {
-		case corev1.NodeInternalIP, corev1.NodeExternalIP:
-			allowedIPs = append(allowedIPs, a.Address)
-		case corev1.NodeHostName, corev1.NodeInternalDNS, corev1.NodeExternalDNS:
-			allowedNames = append(allowedNames, a.Address)
-		}
+	if reservedServingName(node.Name, ta.tcp.Spec.Network.ClusterDomain) {
+		allowedNames = nil
 	}
 	approved := 0
 	for i := range list.Items {
@@ -361,6 +358,16 @@ func csrDecided(csr *certificatesv1.CertificateSigningRequest) bool {
 	return false
 }
 
+// reservedServingName: names a kubelet serving certificate must never
+// carry, because clients inside the tenant trust them for other servers
+// (the API server's Service, any Service of the cluster domain).
+func reservedServingName(name, clusterDomain string) bool {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	return name == "kubernetes" || strings.HasPrefix(name, "kubernetes.") ||
+		strings.HasSuffix(name, ".svc") || strings.Contains(name, ".svc.") ||
+		(clusterDomain != "" && (name == clusterDomain || strings.HasSuffix(name, "."+clusterDomain)))
+}
+
 // checkServingCSR says why a serving CSR must not be approved, or "".
 func checkServingCSR(csr *certificatesv1.CertificateSigningRequest, names, ips []string) string {
 	block, _ := pem.Decode(csr.Spec.Request)
@@ -376,12 +383,12 @@ func checkServingCSR(csr *certificatesv1.CertificateSigningRequest, names, ips [
 	}
 	for _, d := range req.DNSNames {
 		if !slices.Contains(names, d) {
-			return fmt.Sprintf("DNS name %q is not the Node's", d)
+			return fmt.Sprintf("DNS name %q is not the Node's name", d)
 		}
 	}
 	for _, ip := range req.IPAddresses {
 		if !slices.ContainsFunc(ips, func(s string) bool { return net.ParseIP(s).Equal(ip) }) {
-			return fmt.Sprintf("IP address %s is neither the Host's nor the Node's", ip)
+			return fmt.Sprintf("IP address %s is not the Host's spec.address", ip)
 		}
 	}
 	if len(req.EmailAddresses) > 0 || len(req.URIs) > 0 {

@@ -50,6 +50,7 @@ func TestCheckServingCSR(t *testing.T) {
 		{"another IP", servingCSR(t, "system:node:node-1", []string{"node-1"}, "10.0.0.9"), "IP address 10.0.0.9"},
 		{"another name", servingCSR(t, "system:node:node-1", []string{"kubernetes.default"}, "172.31.250.2"), `DNS name "kubernetes.default"`},
 		{"another node's CN", servingCSR(t, "system:node:node-2", []string{"node-1"}), "common name"},
+		{"an address the kubelet reports but the Host does not have", servingCSR(t, "system:node:node-1", []string{"node-1"}, "172.31.250.2", "192.0.2.7"), "IP address 192.0.2.7 is not the Host's spec.address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := checkServingCSR(tc.csr, names, ips)
@@ -57,6 +58,18 @@ func TestCheckServingCSR(t *testing.T) {
 				t.Fatalf("checkServingCSR = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestReservedServingName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"node-1": false, "worker.example.com": false, "kubernetes": true, "Kubernetes.default": true,
+		"kubernetes.default.svc.cluster.local.": true, "db.prod.svc": true, "x.svc.cluster.local": true,
+		"cluster.local": true, "a.cluster.local": true, "kubernetes-worker": false,
+	} {
+		if got := reservedServingName(name, "cluster.local"); got != want {
+			t.Errorf("reservedServingName(%q) = %v, want %v", name, got, want)
+		}
 	}
 }
 
