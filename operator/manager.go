@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -35,7 +38,11 @@ import (
 
 // Options configure the operator; cmd/apiary maps them to flags.
 type Options struct {
-	MetricsAddr             string
+	MetricsAddr string
+	// MetricsSecure serves metrics over HTTPS to authenticated and
+	// authorized clients only (TokenReview, then SubjectAccessReview for
+	// get on /metrics), with a self-signed serving certificate.
+	MetricsSecure           bool
 	ProbeAddr               string
 	LeaderElection          bool
 	LeaderElectionNamespace string
@@ -70,12 +77,18 @@ type Options struct {
 	// with /readyz failing, so that Services stop routing webhook calls to
 	// this replica before its webhook server closes.
 	ShutdownDelay time.Duration
+	// NetworkPolicies makes the operator apply a NetworkPolicy per tenant
+	// and per managed etcd (the tenant boundary on the network; the cluster
+	// must enforce NetworkPolicy). Policy holds what they select.
+	NetworkPolicies bool
+	Policy          render.PolicyInputs
 }
 
 // DefaultOptions are the flag defaults.
 func DefaultOptions() Options {
 	return Options{
-		MetricsAddr:             ":8080",
+		MetricsAddr:             ":8443",
+		MetricsSecure:           true,
 		ProbeAddr:               ":8081",
 		LeaderElectionID:        "apiary-operator.apiary.dev",
 		Webhooks:                true,
@@ -85,6 +98,13 @@ func DefaultOptions() Options {
 		MaxConcurrentReconciles: 4,
 		DataStoreCheckInterval:  controllers.DefaultDataStoreCheckInterval,
 		ShutdownDelay:           5 * time.Second,
+		NetworkPolicies:         true,
+		Policy: render.PolicyInputs{
+			OperatorNamespace: "apiary-system",
+			OperatorPodLabels: map[string]string{"app.kubernetes.io/name": "apiary"},
+			DNSNamespace:      "kube-system",
+			DNSPodLabels:      map[string]string{"k8s-app": "kube-dns"},
+		},
 	}
 }
 
@@ -100,6 +120,30 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// metricsOptions: secure metrics need the TokenReview and
+// SubjectAccessReview rights above; scrapers need get on the non-resource
+// URL /metrics (the chart's <release>-metrics-reader ClusterRole).
+func metricsOptions(opts Options) metricsserver.Options {
+	m := metricsserver.Options{BindAddress: opts.MetricsAddr}
+	if opts.MetricsSecure {
+		m.SecureServing = true
+		m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return m
+}
+
+// policyInputs is nil when the operator applies no NetworkPolicies.
+func policyInputs(opts Options) *render.PolicyInputs {
+	if !opts.NetworkPolicies {
+		return nil
+	}
+	p := opts.Policy
+	return &p
+}
+
 // NewManager builds a manager with Apiary's controllers and webhooks. The
 // returned cleanup closes datastore connections.
 func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
@@ -107,13 +151,18 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, c := range opts.Policy.ManagementCIDRs {
+		if _, err := netip.ParsePrefix(c); err != nil {
+			return nil, nil, fmt.Errorf("--management-cidrs: %q is not a CIDR such as 10.244.0.0/16", c)
+		}
+	}
 	// Cache only the Secrets, Services and Deployments Apiary owns: a
 	// management cluster may hold many others, and caching every Secret
 	// would cost memory and read access the operator does not need.
 	owned := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{render.LabelManagedBy: render.ManagedBy})}
 	mgrOpts := ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: opts.MetricsAddr},
+		Metrics:                 metricsOptions(opts),
 		HealthProbeBindAddress:  opts.ProbeAddr,
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        opts.LeaderElectionID,
@@ -131,6 +180,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 				&appsv1.Deployment{}:            owned,
 				&appsv1.StatefulSet{}:           owned,
 				&policyv1.PodDisruptionBudget{}: owned,
+				&networkingv1.NetworkPolicy{}:   owned,
 			}},
 	}
 	if opts.Webhooks {
@@ -149,6 +199,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		CheckInterval:   opts.DataStoreCheckInterval,
 		ClusterDomain:   opts.ClusterDomain,
 		ImageRepository: opts.ImageRepository,
+		NetworkPolicy:   policyInputs(opts),
 	}).SetupWithManager(mgr); err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up DataStore controller: %w", err)
@@ -161,6 +212,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		ImageRepository:         opts.ImageRepository,
 		ClusterDomain:           opts.ClusterDomain,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		NetworkPolicy:           policyInputs(opts),
 	}).SetupWithManager(mgr); err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up TenantControlPlane controller: %w", err)

@@ -1,7 +1,8 @@
 // Package cluster starts and stops Apiary's local management cluster: a real
 // single-node Kubernetes cluster made of host processes on this machine
 // (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a local
-// image registry, containerd, kubelet, kube-proxy) with bridge CNI, CoreDNS
+// image registry, containerd, kubelet, kube-proxy, kube-router enforcing
+// NetworkPolicy) with bridge CNI, CoreDNS
 // and MetalLB's controller. `go run ./hack/devcluster` drives it from the
 // command line; e2e tests call Up, Kubeconfig and Down.
 //
@@ -49,6 +50,9 @@ const (
 	RegistryVersion   = "v3.1.2"
 	CoreDNSVersion    = "v1.15.0"
 	MetalLBVersion    = "v0.16.2"
+	// KubeRouterVersion: kube-router enforces NetworkPolicy on the node
+	// (its firewall only: the bridge CNI and kube-proxy do the rest).
+	KubeRouterVersion = "v2.1.0"
 )
 
 // Network layout and ports of the management cluster.

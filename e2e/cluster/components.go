@@ -17,7 +17,7 @@ import (
 // The order in which Up starts the components.
 var startOrder = []string{
 	"registry", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-	"containerd", "kubelet", "kube-proxy",
+	"containerd", "kubelet", "kube-proxy", "kube-router",
 }
 
 func (c *Cluster) component(name string) component {
@@ -135,6 +135,22 @@ func (c *Cluster) component(name string) component {
 			name: name, bin: p.bin("kube-proxy"),
 			args:         []string{"--config=" + p.kubeProxyConfig},
 			ready:        c.httpHealthy("http://127.0.0.1:10256/healthz"),
+			readyTimeout: 60 * time.Second,
+		}
+	case "kube-router":
+		// NetworkPolicy enforcement only, so that the tests of Apiary's
+		// policies are real; it lets the node itself reach every pod
+		// (kubelet probes, port-forward, the host's own clients).
+		return component{
+			name: name, bin: p.bin("kube-router"),
+			args: []string{
+				"--kubeconfig=" + p.adminKubeconfig,
+				"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+				"--hostname-override=" + c.opts.NodeName,
+				"--health-port=20244", "--metrics-port=0",
+				"--enable-ipv6=false",
+			},
+			ready:        c.httpHealthy("http://127.0.0.1:20244/healthz"),
 			readyTimeout: 60 * time.Second,
 		}
 	}

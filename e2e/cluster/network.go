@@ -207,3 +207,28 @@ func OwnedChains(ctx context.Context) ([]string, error) {
 	}
 	return chains, nil
 }
+
+// destroyIPSets destroys kube-router's ipsets (KUBE-*, inet6:KUBE-*), once
+// no iptables rule refers to them.
+func destroyIPSets(ctx context.Context) (int, error) {
+	if _, err := exec.LookPath("ipset"); err != nil {
+		return 0, nil
+	}
+	out, err := exec.CommandContext(ctx, "ipset", "list", "-n").Output()
+	if err != nil {
+		return 0, fmt.Errorf("ipset list: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, name := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(strings.TrimPrefix(name, "inet6:"), "KUBE-") {
+			continue
+		}
+		if b, err := exec.CommandContext(ctx, "ipset", "destroy", name).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ipset destroy %s: %v: %s", name, err, strings.TrimSpace(string(b))))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}

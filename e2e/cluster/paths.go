@@ -14,7 +14,7 @@ type paths struct {
 
 	binDir                                                 string
 	kubeBin, etcdBin, containerdBin, cniBin, registryBin   string
-	corednsBin, metallbBin                                 string
+	corednsBin, metallbBin, kubeRouterBin                  string
 	pki, run, logs                                         string
 	adminKubeconfig                                        string
 	etcdData                                               string
@@ -39,6 +39,7 @@ func newPaths(cache, state string) paths {
 		registryBin:     filepath.Join(bin, "registry-"+RegistryVersion),
 		corednsBin:      filepath.Join(bin, "coredns-"+CoreDNSVersion),
 		metallbBin:      filepath.Join(bin, "metallb-"+MetalLBVersion),
+		kubeRouterBin:   filepath.Join(bin, "kube-router-"+KubeRouterVersion),
 		pki:             filepath.Join(state, "pki"),
 		run:             filepath.Join(state, "run"),
 		logs:            filepath.Join(state, "logs"),
@@ -87,6 +88,7 @@ func (p paths) binaries() map[string]string {
 		m[b] = filepath.Join(p.cniBin, b)
 	}
 	m["registry"] = filepath.Join(p.registryBin, "registry")
+	m["kube-router"] = filepath.Join(p.kubeRouterBin, "kube-router")
 	m["coredns"] = filepath.Join(p.corednsBin, "coredns")
 	m["controller"] = filepath.Join(p.metallbBin, "controller")
 	return m

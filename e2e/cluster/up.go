@@ -136,6 +136,9 @@ func (c *Cluster) Up(ctx context.Context) (err error) {
 	if err := t.run("kube-proxy", func() error { return ensure("kube-proxy") }); err != nil {
 		return err
 	}
+	if err := t.run("kube-router (NetworkPolicy)", func() error { return ensure("kube-router") }); err != nil {
+		return err
+	}
 	if err := t.run("LoadBalancer route", func() error { return c.ensureLBRoute(ctx) }); err != nil {
 		return err
 	}
@@ -294,7 +297,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 		// Clients first: the API server waits for its watches to end (a
 		// client that stays gets it 3 s), etcd for its clients.
 		return errors.Join(
-			stop(10*time.Second, "kube-proxy", "kube-scheduler", "kube-controller-manager"),
+			stop(10*time.Second, "kube-router", "kube-proxy", "kube-scheduler", "kube-controller-manager"),
 			stop(3*time.Second, "kube-apiserver"),
 			stop(10*time.Second, "etcd", "registry"))
 	})
@@ -303,7 +306,11 @@ func (c *Cluster) Down(ctx context.Context) error {
 		if n > 0 {
 			c.logf("    removed %d KUBE-*/CNI-* chains", n)
 		}
-		return errors.Join(err, deleteLinks(ctx))
+		sets, setErr := destroyIPSets(ctx)
+		if sets > 0 {
+			c.logf("    destroyed %d kube-router ipsets", sets)
+		}
+		return errors.Join(err, setErr, deleteLinks(ctx))
 	})
 	step("mounts", func() error {
 		n, err := unmountAll(c.opts.StateDir)

@@ -28,3 +28,10 @@ app.kubernetes.io/component: operator
 {{- define "apiary.webhookSecret" -}}{{ include "apiary.fullname" . }}-webhook-cert{{- end -}}
 {{- define "apiary.mutatingName" -}}{{ include "apiary.fullname" . }}-mutating{{- end -}}
 {{- define "apiary.validatingName" -}}{{ include "apiary.fullname" . }}-validating{{- end -}}
+
+{{- /* key=value,... of a map, sorted (an operator flag). */ -}}
+{{- define "apiary.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . }}{{ $out = append $out (printf "%s=%s" $k $v) }}{{ end -}}
+{{- join "," $out -}}
+{{- end -}}

@@ -1,0 +1,125 @@
+package render
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/tenant"
+)
+
+// PolicyInputs are what the NetworkPolicies need to know about the
+// management cluster (operator flags, set by the chart).
+type PolicyInputs struct {
+	// OperatorNamespace and OperatorPodLabels select the operator's pods,
+	// which reach every etcd's client port.
+	OperatorNamespace string
+	OperatorPodLabels map[string]string
+	// DNSNamespace and DNSPodLabels select the cluster DNS the control
+	// planes resolve names (the DataStore's members) with.
+	DNSNamespace string
+	DNSPodLabels map[string]string
+	// MonitoringNamespaceLabels select the namespaces whose pods may scrape
+	// etcd's metrics port; empty: none.
+	MonitoringNamespaceLabels map[string]string
+	// ManagementCIDRs are the management cluster's pod and Service ranges:
+	// a control plane's egress there is refused but for DNS and its
+	// DataStore.
+	ManagementCIDRs []string
+}
+
+// ControlPlanePodLabels are on the control-plane pods of every tenant.
+var ControlPlanePodLabels = map[string]string{LabelManagedBy: ManagedBy, LabelComponent: componentControlPlane}
+
+// NetworkPolicyName names a tenant's (and a managed etcd's) policy.
+func NetworkPolicyName(name string) string { return name + "-boundary" }
+
+func tcpPort(p int32) *networkingv1ac.NetworkPolicyPortApplyConfiguration {
+	return networkingv1ac.NetworkPolicyPort().WithProtocol(corev1.ProtocolTCP).WithPort(intstr.FromInt32(p))
+}
+
+func selector(m map[string]string) *metav1ac.LabelSelectorApplyConfiguration {
+	return metav1ac.LabelSelector().WithMatchLabels(m)
+}
+
+// TenantNetworkPolicy confines a tenant's control-plane pods: they accept
+// only the API and konnectivity-agent ports, and reach DNS, their
+// DataStore's members (managed) or its client port (external), and
+// addresses outside the management cluster's pod and Service ranges (the
+// tenant's nodes, OIDC issuers). ds is the bound DataStore.
+func TenantNetworkPolicy(tcp *apiary.TenantControlPlane, ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.NetworkPolicyApplyConfiguration {
+	dns := networkingv1ac.NetworkPolicyEgressRule().
+		WithTo(networkingv1ac.NetworkPolicyPeer().
+			WithNamespaceSelector(selector(map[string]string{corev1.LabelMetadataName: in.DNSNamespace})).
+			WithPodSelector(selector(in.DNSPodLabels))).
+		WithPorts(
+			networkingv1ac.NetworkPolicyPort().WithProtocol(corev1.ProtocolUDP).WithPort(intstr.FromInt32(53)),
+			tcpPort(53))
+	egress := []*networkingv1ac.NetworkPolicyEgressRuleApplyConfiguration{dns}
+	if ds != nil && ds.Spec.Managed != nil {
+		egress = append(egress, networkingv1ac.NetworkPolicyEgressRule().
+			WithTo(networkingv1ac.NetworkPolicyPeer().
+				WithNamespaceSelector(selector(map[string]string{corev1.LabelMetadataName: ds.Spec.Managed.Namespace})).
+				WithPodSelector(selector(etcdSelector(ds)))).
+			WithPorts(tcpPort(etcdClientPort)))
+	}
+	outside := networkingv1ac.NetworkPolicyEgressRule()
+	for _, cidr := range []string{"0.0.0.0/0", "::/0"} {
+		block := networkingv1ac.IPBlock().WithCIDR(cidr)
+		for _, m := range in.ManagementCIDRs {
+			if isIPv6(m) == isIPv6(cidr) {
+				block.WithExcept(m)
+			}
+		}
+		outside.WithTo(networkingv1ac.NetworkPolicyPeer().WithIPBlock(block))
+	}
+	egress = append(egress, outside)
+	return networkingv1ac.NetworkPolicy(NetworkPolicyName(tcp.Name), tcp.Namespace).
+		WithLabels(Labels(tcp)).
+		WithOwnerReferences(OwnerReference(tcp)).
+		WithSpec(networkingv1ac.NetworkPolicySpec().
+			WithPodSelector(selector(SelectorLabels(tcp))).
+			WithPolicyTypes("Ingress", "Egress").
+			WithIngress(networkingv1ac.NetworkPolicyIngressRule().
+				WithPorts(tcpPort(tcp.Spec.Network.Port), tcpPort(tenant.KonnectivityAgentPort))).
+			WithEgress(egress...))
+}
+
+// EtcdNetworkPolicy confines a managed etcd's members: the client port
+// only from control-plane pods (each confined to its prefix by etcd's own
+// auth) and the operator, the peer port only from the other members, the
+// metrics port only from monitoring namespaces.
+func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.NetworkPolicyApplyConfiguration {
+	ingress := []*networkingv1ac.NetworkPolicyIngressRuleApplyConfiguration{
+		networkingv1ac.NetworkPolicyIngressRule().
+			WithFrom(
+				networkingv1ac.NetworkPolicyPeer().
+					WithNamespaceSelector(metav1ac.LabelSelector()).
+					WithPodSelector(selector(ControlPlanePodLabels)),
+				networkingv1ac.NetworkPolicyPeer().
+					WithNamespaceSelector(selector(map[string]string{corev1.LabelMetadataName: in.OperatorNamespace})).
+					WithPodSelector(selector(in.OperatorPodLabels))).
+			WithPorts(tcpPort(etcdClientPort)),
+		networkingv1ac.NetworkPolicyIngressRule().
+			WithFrom(networkingv1ac.NetworkPolicyPeer().WithPodSelector(selector(etcdSelector(ds)))).
+			WithPorts(tcpPort(etcdPeerPort)),
+	}
+	if len(in.MonitoringNamespaceLabels) > 0 {
+		ingress = append(ingress, networkingv1ac.NetworkPolicyIngressRule().
+			WithFrom(networkingv1ac.NetworkPolicyPeer().WithNamespaceSelector(selector(in.MonitoringNamespaceLabels))).
+			WithPorts(tcpPort(etcdMetricsPort)))
+	}
+	return networkingv1ac.NetworkPolicy(NetworkPolicyName(EtcdName(ds)), ds.Spec.Managed.Namespace).
+		WithLabels(EtcdLabels(ds)).
+		WithOwnerReferences(dataStoreOwnerAC(ds)).
+		WithSpec(networkingv1ac.NetworkPolicySpec().
+			WithPodSelector(selector(etcdSelector(ds))).
+			WithPolicyTypes("Ingress").
+			WithIngress(ingress...))
+}
+
+func isIPv6(cidr string) bool { return strings.Contains(cidr, ":") }
