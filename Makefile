@@ -14,7 +14,7 @@ export APIARY_CACHE KUBE_VERSION ETCD_VERSION
 CONTROLLER_GEN := go tool controller-gen
 GO_TEST_FLAGS ?=
 
-.PHONY: all build generate verify-generated vet fmt-check deps tools images unit integration e2e test bench quickstart cluster-up cluster-down down clean help
+.PHONY: all build generate verify-generated vet fmt-check deps tools images unit fuzz integration e2e test bench quickstart cluster-up cluster-down down clean help
 
 all: build
 
@@ -64,8 +64,11 @@ down: ## Tear down what make quickstart started (its worker machine, dockerd, th
 quickstart: deps tools ## Local cluster, Helm install, a demo tenant, its kubeconfig, kubectl through its LoadBalancer.
 	hack/quickstart.sh
 
-unit: ## Unit tests (no external processes).
+unit: deps ## Unit tests (no external processes; some read host tools such as iptables, which deps installs).
 	go test $(GO_TEST_FLAGS) ./...
+
+fuzz: ## A short run of each fuzz target (their seeds run in unit too).
+	go test -run '^$$' -fuzz '^FuzzExtraArgs$$' -fuzztime 15s ./operator/webhooks
 
 integration: deps tools ## Integration tests against real kube-apiserver and etcd.
 	go test -tags integration -count=1 $(GO_TEST_FLAGS) ./...
@@ -73,7 +76,7 @@ integration: deps tools ## Integration tests against real kube-apiserver and etc
 e2e: deps tools ## The e2e suite on the local management cluster (started and torn down if not running).
 	hack/e2e.sh
 
-test: fmt-check verify-generated vet unit integration e2e ## Every test: unit, integration, e2e.
+test: fmt-check verify-generated vet unit fuzz integration e2e ## Every test: unit, integration, e2e.
 
 bench: tools ## Benchmarks; see docs/benchmarks.md.
 	go test -tags integration -run '^$$' -bench . -benchmem ./bench/...

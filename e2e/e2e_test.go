@@ -56,9 +56,15 @@ func TestE2E(t *testing.T) {
 	t.Run("TenantBecomesReadyBehindLoadBalancer", e.testTenantReady)
 	t.Run("TenantBootstrapIsKubeadmCompatible", e.testKubeadmBootstrap)
 	t.Run("TenantsAreIsolated", e.testIsolation)
+	t.Run("DataStoreCertConfinedToItsPrefix", e.testDataStoreCertConfined)
+	t.Run("CompactedContinueTokenIsGone", e.testCompactedContinueToken)
+	t.Run("NetworkPolicyConfinesTenants", e.testNetworkPolicy)
 	t.Run("ScaleKeepsAPIAvailable", e.testScale)
 	t.Run("ControlPlanePodDeleted", e.testPodDeletion)
 	t.Run("WebhookRejectsBadSpecs", e.testWebhook)
+	t.Run("WebhookRefusesBoundaryFlags", e.testProtectedArgs)
+	t.Run("NodePortTenantAnswers", e.testNodePortTenant)
+	t.Run("OperatorMetricsNeedAuthorization", e.testOperatorMetrics)
 	t.Run("DeleteRemovesEverything", e.testDelete)
 	t.Run("OperatorKilledMidReconcile", e.testOperatorRestart)
 	t.Run("ManagedEtcdWithThreeMembers", e.testThreeMemberDataStore)
@@ -401,33 +407,41 @@ func (e *env) testWebhook(t *testing.T) {
 	})
 }
 
-// etcdRoot connects to the managed etcd as root through a port-forward.
-func (e *env) etcdRoot(t *testing.T) *datastore.Client {
+// portForward forwards a local port to a port of a pod in the Apiary
+// namespace and returns the local port.
+func (e *env) portForward(t *testing.T, pod string, port int) string {
 	t.Helper()
 	bin, err := testenv.KubeBinary("kubectl")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(e.Ctx)
-	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", e.Kubeconfig, "-n", framework.SystemNS, "port-forward", "pod/default-etcd-0", ":2379", "--address", "127.0.0.1")
+	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", e.Kubeconfig, "-n", framework.SystemNS, "port-forward", "pod/"+pod, fmt.Sprintf(":%d", port), "--address", "127.0.0.1")
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	port := ""
+	local := ""
 	sc := bufio.NewScanner(stdout)
 	re := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+)`)
 	for sc.Scan() {
 		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			port = m[1]
+			local = m[1]
 			break
 		}
 	}
-	if port == "" {
-		t.Fatal("kubectl port-forward to the etcd member did not start")
+	if local == "" {
+		t.Fatalf("kubectl port-forward to %s:%d did not start", pod, port)
 	}
 	go io.Copy(io.Discard, stdout)
+	return local
+}
+
+// etcdRoot connects to the managed etcd as root through a port-forward.
+func (e *env) etcdRoot(t *testing.T) *datastore.Client {
+	t.Helper()
+	port := e.portForward(t, "default-etcd-0", 2379)
 	var ca, root corev1.Secret
 	for name, s := range map[string]*corev1.Secret{"default-etcd-ca": &ca, "default-etcd-root": &root} {
 		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.SystemNS, Name: name}, s); err != nil {
@@ -697,6 +711,11 @@ func staticVolumes(t *testing.T, e *env, name string, n int) string {
 	t.Helper()
 	class := "e2e-static-" + name
 	root := filepath.Join("/var/lib/apiary-e2e", name)
+	// A run that was killed leaves its members' data behind: a new cluster
+	// on it would find another cluster's members (ID mismatch).
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
 	sc := &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: class},
 		Provisioner:       "kubernetes.io/no-provisioner",

@@ -23,10 +23,12 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -125,9 +127,12 @@ func TestOperator(t *testing.T) {
 	t.Run("ReadyTenantServesFromRestrictedEtcdUserAndIsQuiet", s.testReadyTenant)
 	t.Run("TenantsAreIsolated", s.testIsolation)
 	t.Run("DeleteRemovesEverything", s.testDelete)
+	t.Run("ForeignSecretIsNotAdopted", s.testForeignSecret)
 	t.Run("DataStoreFailures", s.testDataStoreFailures)
 	t.Run("DataStoreDeletionBlockedWhileUsed", s.testDataStoreProtection)
 	t.Run("ManagedDataStore", s.testManagedDataStore)
+	// Last: it removes the webhook configurations.
+	t.Run("ControllerRechecksWithoutWebhook", s.testControllerRechecks)
 }
 
 type testLogWriter struct {
@@ -317,8 +322,8 @@ func (s *suite) testValidationOnCreate(t *testing.T) {
 		{"cert SAN", func(p *apiary.TenantControlPlane) { p.Spec.Network.CertSANs = []string{"bad_name!"} }, "spec.network.certSANs[0]", "IP address or a DNS name"},
 		{"protected extra arg", func(p *apiary.TenantControlPlane) {
 			p.Spec.APIServer.ExtraArgs = map[string]string{"etcd-servers": "https://elsewhere:2379"}
-		}, "spec.apiServer.extraArgs[etcd-servers]", "cannot be overridden"},
-		{"extra arg with dashes", func(p *apiary.TenantControlPlane) { p.Spec.Scheduler.ExtraArgs = map[string]string{"--v": "4"} }, "spec.scheduler.extraArgs[--v]", "without leading dashes"},
+		}, "spec.apiServer.extraArgs[etcd-servers]", "--etcd-servers cannot be set in extraArgs"},
+		{"extra arg with dashes", func(p *apiary.TenantControlPlane) { p.Spec.Scheduler.ExtraArgs = map[string]string{"--v": "4"} }, "spec.scheduler.extraArgs[--v]", "must be a flag name matching ^[a-z0-9][a-z0-9-]*$"},
 		{"name not DNS-1035", func(p *apiary.TenantControlPlane) { p.Name = "9lives" }, "metadata.name", "DNS-1035"},
 	}
 	for _, tc := range cases {
@@ -486,6 +491,30 @@ func (s *suite) testProvisions(t *testing.T) {
 		t.Errorf("datastore client CN %q, want %q", cert.Subject.CommonName, tenant.User)
 	}
 	s.wantEtcdTenant(t, tenant, true)
+	// The exported admin kubeconfig is in kubeadm's revocable group; only
+	// the operator's own, never exported, is system:masters.
+	for kind, want := range map[render.SecretKind][2]string{
+		render.SecretAdminKubeconfig:    {render.AdminCN, render.ClusterAdminsGroup},
+		render.SecretOperatorKubeconfig: {render.OperatorCN, render.MastersGroup},
+	} {
+		cfg, err := clientcmd.Load(secrets[kind].Data[apiary.KubeconfigKey])
+		s.must(err)
+		for _, auth := range cfg.AuthInfos {
+			block, _ := pem.Decode(auth.ClientCertificateData)
+			cert, err := x509.ParseCertificate(block.Bytes)
+			s.must(err)
+			if cert.Subject.CommonName != want[0] || !slices.Equal(cert.Subject.Organization, []string{want[1]}) {
+				t.Errorf("%s: client certificate %s %v, want %s %s", kind, cert.Subject.CommonName, cert.Subject.Organization, want[0], want[1])
+			}
+		}
+	}
+
+	// The network boundary, owned by the tenant.
+	var np networkingv1.NetworkPolicy
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: render.NetworkPolicyName("alpha")}, &np))
+	if ref := metav1.GetControllerOf(&np); ref == nil || ref.UID != got.UID || len(np.Spec.PolicyTypes) != 2 {
+		t.Errorf("NetworkPolicy owner %v, types %v", ref, np.Spec.PolicyTypes)
+	}
 
 	var dep appsv1.Deployment
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "alpha"}, &dep))
@@ -835,7 +864,11 @@ func (s *suite) checkQuiet(t *testing.T, name string) {
 
 // reconcileCount reads controller-runtime's reconcile counter of the
 // TenantControlPlane controller.
-func reconcileCount(t *testing.T) float64 {
+func reconcileCount(t *testing.T) float64 { return reconciles(t, "") }
+
+// reconciles sums the TenantControlPlane controller's reconcile counter
+// for one result (error, success, requeue...), or for all when "".
+func reconciles(t *testing.T, result string) float64 {
 	families, err := crmetrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -846,7 +879,7 @@ func reconcileCount(t *testing.T) float64 {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			if labelValue(m, "controller") == "tenantcontrolplane" {
+			if labelValue(m, "controller") == "tenantcontrolplane" && (result == "" || labelValue(m, "result") == result) {
 				total += m.GetCounter().GetValue()
 			}
 		}
@@ -910,6 +943,7 @@ func (s *suite) testIsolation(t *testing.T) {
 }
 
 func (s *suite) testDelete(t *testing.T) {
+	_, victim := s.datastoreClientOf(t, "iso-b")
 	for _, name := range []string{"iso-a", "ready"} {
 		tcp := s.getTCP(name)
 		tenant := datastore.TenantFor(tcp.UID)
@@ -917,6 +951,14 @@ func (s *suite) testDelete(t *testing.T) {
 		s.must(err)
 		if keys.Count == 0 {
 			t.Fatalf("%s has no keys before deletion; the test would prove nothing", name)
+		}
+		if name == "iso-a" {
+			// Whoever may write status points iso-a's binding at iso-b's
+			// user and prefix: the finalizer must still remove only iso-a's.
+			forged := tcp.DeepCopy()
+			forged.Status.DataStore.User, forged.Status.DataStore.Prefix = victim.User, victim.Prefix
+			s.must(s.c.Status().Patch(s.ctx, forged, client.MergeFrom(tcp)))
+			tcp = forged
 		}
 		s.must(s.c.Delete(s.ctx, tcp))
 		eventually(t, name+" deleted", 30*time.Second, func() error {
@@ -941,16 +983,86 @@ func (s *suite) testDelete(t *testing.T) {
 			t.Errorf("%s: no Released event", name)
 		}
 	}
-	// The other tenant is untouched.
-	_, tb := s.datastoreClientOf(t, "iso-b")
-	resp, err := s.root.Get(s.ctx, tb.Prefix+"/namespaces/b")
+	// The other tenant is untouched, its user and role too.
+	resp, err := s.root.Get(s.ctx, victim.Prefix+"/namespaces/b")
 	s.must(err)
 	if len(resp.Kvs) != 1 {
-		t.Errorf("iso-b lost its data when iso-a was deleted")
+		t.Errorf("iso-b lost its data when iso-a (with a forged status.dataStore) was deleted")
 	}
+	s.wantEtcdTenant(t, victim, true)
 }
 
 func (s *suite) testDataStoreFailures(t *testing.T) {
+	t.Run("full", func(t *testing.T) {
+		const quota = 16 << 20
+		full := etcdtest.Start(t, etcdtest.WithArgs(fmt.Sprintf("--quota-backend-bytes=%d", quota)))
+		s.createDataStore("full", full.Config())
+		eventually(t, "full has space", 30*time.Second, func() error {
+			return s.dataStoreCondition("full", apiary.ConditionSpaceAvailable, metav1.ConditionTrue, controllers.ReasonNoAlarm)
+		})
+		root := full.RootClient(t)
+		value := strings.Repeat("x", 256<<10)
+		next := 0
+		// NOSPACE can come while the data is still under the disarm line;
+		// the operator then disarms (SpaceReclaimed) and the test writes on
+		// until the data fills the quota and NoSpace must stay.
+		for round := 1; ; round++ {
+			for ; ; next++ {
+				if _, err := root.Put(s.ctx, fmt.Sprintf("/apiary/x/%04d", next), value); err != nil {
+					if !errors.Is(err, rpctypes.ErrNoSpace) || next > 400 {
+						t.Fatalf("filling etcd: put %d: %v", next, err)
+					}
+					break
+				}
+			}
+			var c *metav1.Condition
+			eventually(t, "NOSPACE reported, or disarmed by the operator", 30*time.Second, func() error {
+				c = meta.FindStatusCondition(s.dataStore("full").Status.Conditions, apiary.ConditionSpaceAvailable)
+				if c != nil && c.Reason == datastore.ReasonNoSpace {
+					return nil
+				}
+				alarms, err := root.AlarmList(s.ctx)
+				if err == nil && len(alarms.Alarms) == 0 {
+					return nil
+				}
+				return fmt.Errorf("SpaceAvailable %+v, alarms %v %v", c, alarms, err)
+			})
+			if c != nil && c.Reason == datastore.ReasonNoSpace {
+				if c.Status != metav1.ConditionFalse {
+					t.Fatalf("SpaceAvailable %+v", c)
+				}
+				break
+			}
+			if round == 5 {
+				t.Fatal("the data never filled the quota in 5 rounds")
+			}
+		}
+		eventually(t, "NoSpace event", 10*time.Second, func() error {
+			var list eventsv1.EventList
+			s.must(s.c.List(s.ctx, &list))
+			for _, e := range list.Items {
+				if e.Regarding.Name == "full" && e.Reason == datastore.ReasonNoSpace && e.Type == corev1.EventTypeWarning {
+					return nil
+				}
+			}
+			return errors.New("no NoSpace warning event for DataStore full")
+		})
+		del, err := root.Delete(s.ctx, "/apiary/x/", clientv3.WithPrefix())
+		s.must(err)
+		_, err = root.Compact(s.ctx, del.Header.Revision, clientv3.WithCompactPhysical())
+		s.must(err)
+		eventually(t, "NOSPACE disarmed", 30*time.Second, func() error {
+			c := meta.FindStatusCondition(s.dataStore("full").Status.Conditions, apiary.ConditionSpaceAvailable)
+			if c == nil || c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("SpaceAvailable %+v", c)
+			}
+			return nil
+		})
+		if _, err := root.Put(s.ctx, "/apiary/x/after", "ok"); err != nil {
+			t.Errorf("write after the operator disarmed NOSPACE: %v", err)
+		}
+		s.must(s.c.Delete(s.ctx, s.dataStore("full")))
+	})
 	t.Run("unreachable", func(t *testing.T) {
 		flaky := etcdtest.Start(t)
 		s.createDataStore("flaky", flaky.Config())
@@ -967,6 +1079,30 @@ func (s *suite) testDataStoreFailures(t *testing.T) {
 		})
 		eventually(t, "tenant of flaky not ready", 60*time.Second, func() error {
 			return s.tcpCondition("on-flaky", apiary.ConditionDataStoreReady, metav1.ConditionFalse, datastore.ReasonUnreachable)
+		})
+		// Deleting it waits for the dead DataStore and says how to let go.
+		s.must(s.c.Delete(s.ctx, s.getTCP("on-flaky")))
+		eventually(t, "deletion blocked with the escape hatch named", 90*time.Second, func() error {
+			c := meta.FindStatusCondition(s.getTCP("on-flaky").Status.Conditions, apiary.ConditionDataStoreReady)
+			if c == nil || !strings.Contains(c.Message, "cannot remove the tenant's etcd keys") || !strings.Contains(c.Message, controllers.AnnotationOrphanDataStoreData) {
+				return fmt.Errorf("DataStoreReady %+v", c)
+			}
+			return nil
+		})
+		s.must(s.updateTCP("on-flaky", func(p *apiary.TenantControlPlane) {
+			p.Annotations = map[string]string{controllers.AnnotationOrphanDataStoreData: "true"}
+		}))
+		eventually(t, "on-flaky deleted once annotated", 60*time.Second, func() error {
+			if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "on-flaky"}, &apiary.TenantControlPlane{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there: %v", err)
+			}
+			return nil
+		})
+		eventually(t, "DataStoreDataOrphaned event", 10*time.Second, func() error {
+			if !s.hasEvent(t, "on-flaky", "DataStoreDataOrphaned") {
+				return errors.New("no DataStoreDataOrphaned event")
+			}
+			return nil
 		})
 	})
 	t.Run("wrong root credentials", func(t *testing.T) {
@@ -1081,9 +1217,38 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 	}
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &corev1.Service{}))
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &policyv1.PodDisruptionBudget{}))
-	for _, kind := range []string{"etcd-ca", "etcd-server", "etcd-peer", "etcd-root"} {
-		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-" + kind}, &corev1.Secret{}))
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: render.NetworkPolicyName("managed-etcd")}, &networkingv1.NetworkPolicy{}))
+	secrets := map[render.SecretKind]*corev1.Secret{}
+	for _, kind := range render.EtcdSecretKinds {
+		secrets[kind] = &corev1.Secret{}
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-" + string(kind)}, secrets[kind]))
 	}
+	// A new DataStore has the separate peer CA from the start: the peer
+	// certificate chains to it and not to the client CA that signs tenant
+	// certificates, the peer port trusts only it, and only the peer name.
+	parse := func(kind render.SecretKind, key string) *x509.Certificate {
+		block, _ := pem.Decode(secrets[kind].Data[key])
+		if block == nil {
+			t.Fatalf("%s has no certificate under %s", kind, key)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		s.must(err)
+		return c
+	}
+	peer, clientCA, peerCA := parse(render.EtcdSecretPeer, "tls.crt"), parse(render.EtcdSecretCA, "tls.crt"), parse(render.EtcdSecretPeerCA, "tls.crt")
+	if peer.CheckSignatureFrom(peerCA) != nil || peer.CheckSignatureFrom(clientCA) == nil || peer.Subject.CommonName != render.EtcdPeerCN {
+		t.Errorf("peer certificate %s signed by %s, want %s by the peer CA only", peer.Subject.CommonName, peer.Issuer.CommonName, render.EtcdPeerCN)
+	}
+	if trust := parse(render.EtcdSecretPeerTrust, "ca.crt"); !trust.Equal(peerCA) || len(bytes.TrimSpace(secrets[render.EtcdSecretPeerTrust].Data["ca.crt"])) != len(bytes.TrimSpace(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peerCA.Raw}))) {
+		t.Errorf("peer trust bundle is not the peer CA alone")
+	}
+	args := sts.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(args, "--peer-cert-allowed-cn="+render.EtcdPeerCN) || !slices.Contains(args, "--peer-trusted-ca-file=/etc/etcd/pki/peer-trust.crt") {
+		t.Errorf("etcd args %v", args)
+	}
+	s.eventually("PeerCASeparate", 10*time.Second, func() error {
+		return s.dataStoreCondition("managed", apiary.ConditionPeerCASeparate, metav1.ConditionTrue, controllers.ReasonPeerCASeparate)
+	})
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
 	if len(ds.Status.Endpoints) != 3 || ds.Status.Endpoints[0] != "https://managed-etcd-0.managed-etcd.apiary-system.svc.cluster.local:2379" {
 		t.Errorf("status.endpoints %v", ds.Status.Endpoints)
@@ -1110,3 +1275,125 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 		return nil
 	})
 }
+
+// With the webhooks gone, the controller still refuses a spec that would
+// cross the tenant boundary: nothing of it reaches a pod or the datastore,
+// and Ready says why. Deletion is never blocked by it.
+func (s *suite) testControllerRechecks(t *testing.T) {
+	s.must(s.c.DeleteAllOf(s.ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{}))
+	s.must(s.c.DeleteAllOf(s.ctx, &admissionregistrationv1.MutatingWebhookConfiguration{}))
+	tcp := newTCP("nowebhook", "default")
+	tcp.Spec.APIServer.ExtraArgs = map[string]string{"etcd_servers": "https://127.0.0.1:1", "--authorization-mode=AlwaysAllow": ""}
+	s.must(s.c.Create(s.ctx, tcp)) // accepted: nothing checks it at admission now
+	s.eventually("Ready=False InvalidSpec", 30*time.Second, func() error {
+		return s.tcpCondition("nowebhook", apiary.ConditionReady, metav1.ConditionFalse, controllers.ReasonInvalidSpec)
+	})
+	c := meta.FindStatusCondition(s.getTCP("nowebhook").Status.Conditions, apiary.ConditionReady)
+	for _, want := range []string{"--etcd-servers cannot be set", "--authorization-mode cannot be set", "spec.apiServer.extraArgs"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("Ready message %q does not say %q", c.Message, want)
+		}
+	}
+	s.eventually("InvalidSpec event", 10*time.Second, func() error {
+		if !s.hasEvent(t, "nowebhook", controllers.ReasonInvalidSpec) {
+			return fmt.Errorf("no %s event", controllers.ReasonInvalidSpec)
+		}
+		return nil
+	})
+	// A few resyncs later nothing was made for it.
+	time.Sleep(2 * resync)
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: render.DeploymentName(tcp)}, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Deployment of a refused spec: %v", err)
+	}
+	tenant := datastore.TenantFor(s.getTCP("nowebhook").UID)
+	s.wantEtcdTenant(t, tenant, false)
+
+	// Fixed, it provisions; refused again, then deleted, it goes away.
+	s.must(s.updateTCP("nowebhook", func(p *apiary.TenantControlPlane) {
+		p.Spec.APIServer.ExtraArgs = map[string]string{"audit-log-maxage": "3"}
+	}))
+	s.eventually("Deployment once the spec is valid", 30*time.Second, func() error {
+		return s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: render.DeploymentName(tcp)}, &appsv1.Deployment{})
+	})
+	s.must(s.updateTCP("nowebhook", func(p *apiary.TenantControlPlane) {
+		p.Spec.Scheduler.ExtraArgs = map[string]string{"kubeconfig": "/etc/kubernetes/admin.conf"}
+	}))
+	s.eventually("Ready=False InvalidSpec again", 30*time.Second, func() error {
+		return s.tcpCondition("nowebhook", apiary.ConditionReady, metav1.ConditionFalse, controllers.ReasonInvalidSpec)
+	})
+	var dep appsv1.Deployment
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: render.DeploymentName(tcp)}, &dep))
+	// The flags are container args (the command is the binary alone).
+	scheduler := false
+	for _, ctr := range dep.Spec.Template.Spec.Containers {
+		for _, a := range append(slices.Clone(ctr.Command), ctr.Args...) {
+			if strings.Contains(a, "admin.conf") {
+				t.Errorf("refused flag reached container %s: %s", ctr.Name, a)
+			}
+			scheduler = scheduler || strings.HasPrefix(a, "--kubeconfig=/etc/kubernetes/scheduler.conf")
+		}
+	}
+	if !scheduler {
+		t.Errorf("no container runs with the scheduler's own --kubeconfig: the check above looked at the wrong place")
+	}
+	s.must(s.c.Delete(s.ctx, s.getTCP("nowebhook")))
+	s.eventually("refused tenant deleted", 30*time.Second, func() error {
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(tcp), &apiary.TenantControlPlane{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	s.wantEtcdTenant(t, tenant, false)
+}
+
+func (s *suite) dataStore(name string) *apiary.DataStore {
+	s.t.Helper()
+	var ds apiary.DataStore
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: name}, &ds))
+	return &ds
+}
+
+// A Secret someone else made under a tenant Secret's name is neither
+// adopted nor overwritten: issuing fails with a message that says so, with
+// the controller's backoff, until it is gone.
+func (s *suite) testForeignSecret(t *testing.T) {
+	foreign := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tenantsNS, Name: "foreign-ca"}, StringData: map[string]string{"tls.crt": "not ours"}}
+	s.must(s.c.Create(s.ctx, foreign))
+	s.must(s.c.Create(s.ctx, newTCP("foreign", "default")))
+	s.eventually("IssueFailed naming the foreign Secret", 30*time.Second, func() error {
+		if err := s.tcpCondition("foreign", apiary.ConditionCertificatesReady, metav1.ConditionFalse, controllers.ReasonIssueFailed); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(s.getTCP("foreign").Status.Conditions, apiary.ConditionCertificatesReady)
+		if !strings.Contains(c.Message, "Secret tenants/foreign-ca already exists and was not made by Apiary") {
+			return fmt.Errorf("message %q", c.Message)
+		}
+		return nil
+	})
+	// Failed reconciles back off exponentially (a hot loop would retry
+	// every 200 ms); the other tenants' reconciles succeed.
+	time.Sleep(5 * time.Second)
+	before := reconcileErrors(t)
+	time.Sleep(5 * time.Second)
+	if n := reconcileErrors(t) - before; n > 4 {
+		t.Errorf("%v failed reconciles in 5 s with a foreign Secret: a hot loop", n)
+	}
+	var got corev1.Secret
+	s.must(s.c.Get(s.ctx, client.ObjectKeyFromObject(foreign), &got))
+	if string(got.Data["tls.crt"]) != "not ours" || len(got.OwnerReferences) != 0 {
+		t.Errorf("the foreign Secret was changed: %v owners %v", got.Data, got.OwnerReferences)
+	}
+	s.must(s.c.Delete(s.ctx, &got))
+	s.eventually("issued once the foreign Secret is gone", 60*time.Second, func() error {
+		return s.tcpCondition("foreign", apiary.ConditionCertificatesReady, metav1.ConditionTrue, controllers.ReasonIssued)
+	})
+	s.must(s.c.Delete(s.ctx, s.getTCP("foreign")))
+	s.eventually("foreign deleted", 30*time.Second, func() error {
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "foreign"}, &apiary.TenantControlPlane{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+}
+
+func reconcileErrors(t *testing.T) float64 { return reconciles(t, "error") }

@@ -1,0 +1,435 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/e2e/framework"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+)
+
+// testProtectedArgs: the installed webhook refuses every spelling of a flag
+// that carries the tenant boundary, naming it, and the tenant is unchanged.
+func (e *env) testProtectedArgs(t *testing.T) {
+	for _, tc := range []struct {
+		set  func(*apiary.TenantControlPlane)
+		path string
+		flag string
+	}{
+		{func(p *apiary.TenantControlPlane) {
+			p.Spec.APIServer.ExtraArgs = map[string]string{"etcd_servers": "https://127.0.0.1:2379"}
+		}, "spec.apiServer.extraArgs[etcd_servers]", "--etcd-servers"},
+		{func(p *apiary.TenantControlPlane) {
+			p.Spec.APIServer.ExtraArgs = map[string]string{"--authorization-mode=AlwaysAllow": ""}
+		}, "spec.apiServer.extraArgs[--authorization-mode=AlwaysAllow]", "--authorization-mode"},
+		{func(p *apiary.TenantControlPlane) {
+			p.Spec.APIServer.ExtraArgs = map[string]string{"egress-selector-config-file": "/dev/null"}
+		}, "spec.apiServer.extraArgs[egress-selector-config-file]", "--egress-selector-config-file"},
+		{func(p *apiary.TenantControlPlane) {
+			p.Spec.APIServer.ExtraArgs = map[string]string{"Anonymous-Auth": "true"}
+		}, "spec.apiServer.extraArgs[Anonymous-Auth]", "--anonymous-auth"},
+		{func(p *apiary.TenantControlPlane) {
+			p.Spec.ControllerManager.ExtraArgs = map[string]string{"kubeconfig": "/etc/kubernetes/scheduler.conf"}
+		}, "spec.controllerManager.extraArgs[kubeconfig]", "--kubeconfig"},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			before := e.TCP(t, "alpha")
+			changed := before.DeepCopy()
+			tc.set(changed)
+			err := e.C.Update(e.Ctx, changed)
+			if err == nil || !strings.Contains(err.Error(), tc.path) || !strings.Contains(err.Error(), tc.flag+" cannot be set in extraArgs") {
+				t.Fatalf("update not refused on %s naming %s: %v", tc.path, tc.flag, err)
+			}
+			if e.TCP(t, "alpha").Generation != before.Generation {
+				t.Errorf("refused update changed the spec")
+			}
+		})
+	}
+}
+
+// testNodePortTenant: a tenant exposed through a NodePort turns Ready, its
+// endpoint is the API's NodePort (not konnectivity's), and kubectl works
+// through it with the exported kubeconfig.
+func (e *env) testNodePortTenant(t *testing.T) {
+	const name = "nodeport"
+	took := e.CreateTenant(t, name, func(p *apiary.TenantControlPlane) { p.Spec.Network.ServiceType = corev1.ServiceTypeNodePort })
+	t.Logf("FIGURE tenant %s: create → Ready through its NodePort in %s", name, took.Round(time.Millisecond))
+	defer func() {
+		if err := e.C.Delete(e.Ctx, e.TCP(t, name)); err != nil {
+			t.Errorf("deleting %s: %v", name, err)
+		}
+		framework.Eventually(t, name+" deleted", 2*time.Minute, func() error {
+			if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &apiary.TenantControlPlane{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there: %v", err)
+			}
+			return nil
+		})
+	}()
+	tcp := e.TCP(t, name)
+	var svc corev1.Service
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: render.ServiceName(tcp)}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	var apiNodePort int32
+	for _, p := range svc.Spec.Ports {
+		if p.Port == tcp.Spec.Network.Port {
+			apiNodePort = p.NodePort
+		}
+	}
+	u, err := url.Parse(tcp.Status.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if apiNodePort == 0 || u.Port() != strconv.Itoa(int(apiNodePort)) {
+		t.Fatalf("endpoint %s, want the NodePort of port %d (%d); Service ports %+v", tcp.Status.Endpoint, tcp.Spec.Network.Port, apiNodePort, svc.Spec.Ports)
+	}
+	var nodes corev1.NodeList
+	if err := e.C.List(e.Ctx, &nodes); err != nil || len(nodes.Items) == 0 {
+		t.Fatalf("nodes: %v", err)
+	}
+	internal := ""
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			internal = a.Address
+		}
+	}
+	if host, _, _ := net.SplitHostPort(u.Host); host != internal {
+		t.Errorf("endpoint host %s, want the node's InternalIP %s", host, internal)
+	}
+	kubeconfig := e.ExportKubeconfig(t, name)
+	if server := framework.Kubectl(t, kubeconfig, "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"); server != tcp.Status.Endpoint {
+		t.Errorf("kubeconfig server %s, want %s", server, tcp.Status.Endpoint)
+	}
+	framework.Kubectl(t, kubeconfig, "create", "namespace", "through-nodeport")
+	if got := framework.Kubectl(t, kubeconfig, "get", "namespace", "through-nodeport", "-o", "jsonpath={.metadata.name}"); got != "through-nodeport" {
+		t.Errorf("read back namespace: %q", got)
+	}
+
+	// Revocation by RBAC: the exported admin kubeconfig is in
+	// kubeadm:cluster-admins, not system:masters. Deleting the binding
+	// (say, after the kubeconfig leaked) locks it out, and Apiary's own
+	// bootstrap, which sees the deletion at once, does not bring it back.
+	if !tcp.Status.AdminBindingCreated {
+		t.Errorf("status.adminBindingCreated is false on a Ready tenant")
+	}
+	framework.Kubectl(t, kubeconfig, "delete", "clusterrolebinding", "kubeadm:cluster-admins")
+	forbidden := func() error {
+		out, err := framework.KubectlErr(kubeconfig, "get", "namespaces")
+		if err == nil || !strings.Contains(out, "forbidden") {
+			return fmt.Errorf("the exported kubeconfig still lists namespaces: %v %s", err, out)
+		}
+		return nil
+	}
+	framework.Eventually(t, "exported admin kubeconfig forbidden", 30*time.Second, forbidden)
+	time.Sleep(15 * time.Second) // the tenant watch re-runs the bootstrap within a second
+	if err := forbidden(); err != nil {
+		t.Errorf("after the bootstrap re-ran: %v", err)
+	}
+	if err := framework.ConditionIs(e.TCP(t, name).Status.Conditions, apiary.ConditionTenantBootstrapped, metav1.ConditionTrue, ""); err != nil {
+		t.Errorf("bootstrap with the binding revoked: %v", err)
+	}
+}
+
+// testDataStoreCertConfined attacks the shared etcd with alpha's own
+// datastore client certificate (readable by whoever may read alpha's
+// Secrets): the peer port refuses it (raft would be cross-tenant read,
+// write and outage), and on the client port it reaches only alpha's prefix.
+func (e *env) testDataStoreCertConfined(t *testing.T) {
+	secret := func(name string) *corev1.Secret {
+		var s corev1.Secret
+		ns := framework.SystemNS
+		if strings.HasPrefix(name, "alpha-") {
+			ns = framework.TenantsNS
+		}
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
+			t.Fatal(err)
+		}
+		return &s
+	}
+	alpha := e.TCP(t, "alpha")
+	tenantSecret := secret(render.SecretName(alpha, render.SecretDataStoreClient))
+	tenantCert, err := tls.X509KeyPair(tenantSecret.Data["tls.crt"], tenantSecret.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootSecret, peerSecret := secret("default-etcd-root"), secret("default-etcd-peer")
+	rootCert, err := tls.X509KeyPair(rootSecret.Data["tls.crt"], rootSecret.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerCert, err := tls.X509KeyPair(peerSecret.Data["tls.crt"], peerSecret.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	peerPort := e.portForward(t, "default-etcd-0", 2380)
+	members := func(cert tls.Certificate) (int, error) {
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			Certificates: []tls.Certificate{cert},
+			// What the server accepts is under test, not its name.
+			InsecureSkipVerify: true, //nolint:gosec // test of the server's client authentication
+		}}}
+		resp, err := hc.Get("https://127.0.0.1:" + peerPort + "/members")
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	// The control: a member's own certificate is a peer.
+	framework.Eventually(t, "a peer certificate lists the members at 2380", 30*time.Second, func() error {
+		code, err := members(peerCert)
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("GET /members with the peer certificate: %d %v", code, err)
+		}
+		return nil
+	})
+	for name, cert := range map[string]tls.Certificate{"tenant alpha's datastore certificate": tenantCert, "the root client certificate": rootCert} {
+		if code, err := members(cert); err == nil {
+			t.Errorf("%s: GET /members at the peer port answered %d; want the TLS handshake refused", name, code)
+		} else {
+			t.Logf("%s refused at the peer port: %v", name, err)
+		}
+	}
+
+	// On the client port, alpha's user reads and writes its own prefix
+	// only: beta's keys and the root of the keyspace are denied.
+	clientPort := e.portForward(t, "default-etcd-0", 2379)
+	caSecret := secret("default-etcd-ca")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caSecret.Data["tls.crt"])
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{"https://127.0.0.1:" + clientPort}, DialTimeout: 10 * time.Second,
+		TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{tenantCert}, ServerName: "localhost"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(e.Ctx, 30*time.Second)
+	defer cancel()
+	if resp, err := cli.Get(ctx, alpha.Status.DataStore.Prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count == 0 {
+		t.Fatalf("alpha reading its own prefix: %v (the attack checks below would prove nothing)", err)
+	}
+	beta := e.TCP(t, "beta")
+	for what, op := range map[string]func() error{
+		"read beta's keys": func() error {
+			_, err := cli.Get(ctx, beta.Status.DataStore.Prefix+"/", clientv3.WithPrefix())
+			return err
+		},
+		"write beta's keys": func() error { _, err := cli.Put(ctx, beta.Status.DataStore.Prefix+"/registry/x", "x"); return err },
+		"read every key":    func() error { _, err := cli.Get(ctx, "", clientv3.WithFromKey(), clientv3.WithKeysOnly()); return err },
+		"list the users":    func() error { _, err := cli.UserList(ctx); return err },
+	} {
+		if err := op(); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Errorf("alpha's certificate may %s: %v", what, err)
+		}
+	}
+}
+
+// testCompactedContinueToken: the datastore compacts itself (tenants may
+// not), and a tenant still answers a list continue token from before the
+// compaction with 410 Gone, as upstream does (conformance: "API chunking
+// should return 410 Gone when the continue token has been compacted").
+func (e *env) testCompactedContinueToken(t *testing.T) {
+	kc := e.ExportKubeconfig(t, "alpha")
+	framework.Kubectl(t, kc, "create", "namespace", "chunking")
+	defer framework.KubectlErr(kc, "delete", "namespace", "chunking", "--wait=false") //nolint:errcheck // best effort
+	for i := range 3 {
+		framework.Kubectl(t, kc, "-n", "chunking", "create", "configmap", fmt.Sprintf("c%d", i), "--from-literal=k=v")
+	}
+	var page struct {
+		Metadata struct{ Continue string } `json:"metadata"`
+		Items    []json.RawMessage         `json:"items"`
+	}
+	list := "/api/v1/namespaces/chunking/configmaps?limit=1"
+	if err := json.Unmarshal([]byte(framework.Kubectl(t, kc, "get", "--raw", list)), &page); err != nil {
+		t.Fatal(err)
+	}
+	if page.Metadata.Continue == "" || len(page.Items) != 1 {
+		t.Fatalf("first page: %d items, continue %q", len(page.Items), page.Metadata.Continue)
+	}
+	next := list + "&continue=" + url.QueryEscape(page.Metadata.Continue)
+	if _, err := framework.KubectlErr(kc, "get", "--raw", next); err != nil {
+		t.Fatalf("the continue token does not work before compaction (the check below would prove nothing): %v", err)
+	}
+	// What the DataStore's periodic compaction does, now. A write first:
+	// compacting at the token's own revision (nothing written since) would
+	// keep that revision readable.
+	dc := e.etcdRoot(t)
+	ctx, cancel := context.WithTimeout(e.Ctx, 30*time.Second)
+	defer cancel()
+	resp, err := dc.Etcd().Put(ctx, "/e2e/compaction-probe", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dc.Etcd().Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "410 Gone for the compacted continue token", 30*time.Second, func() error {
+		out, err := framework.KubectlErr(kc, "get", "--raw", next)
+		if err == nil || !strings.Contains(out, "continue parameter is too old") {
+			return fmt.Errorf("continue after compaction: %v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// testOperatorMetrics: the operator's metrics answer only a bearer token
+// whose ServiceAccount may get /metrics (the chart's metrics-reader role);
+// a tenant's API server steered at the port, or any pod without that
+// right, gets 401 or 403.
+func (e *env) testOperatorMetrics(t *testing.T) {
+	port := e.portForward(t, e.leader(t), 8443)
+	get := func(token string) (int, string, error) {
+		req, err := http.NewRequestWithContext(e.Ctx, http.MethodGet, "https://127.0.0.1:"+port+"/metrics", nil)
+		if err != nil {
+			return 0, "", err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // self-signed serving certificate; authentication is under test
+		}}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, string(body), nil
+	}
+	if code, _, err := get(""); err != nil || code != http.StatusUnauthorized {
+		t.Errorf("metrics without a token: %d %v, want 401", code, err)
+	}
+	const sa = "metrics-probe"
+	framework.Kubectl(t, e.Kubeconfig, "-n", framework.SystemNS, "create", "serviceaccount", sa)
+	t.Cleanup(func() {
+		_, _ = framework.KubectlErr(e.Kubeconfig, "-n", framework.SystemNS, "delete", "serviceaccount", sa)
+		_, _ = framework.KubectlErr(e.Kubeconfig, "delete", "clusterrolebinding", sa)
+	})
+	token := framework.Kubectl(t, e.Kubeconfig, "-n", framework.SystemNS, "create", "token", sa)
+	if code, _, err := get(token); err != nil || code != http.StatusForbidden {
+		t.Errorf("metrics with a token not allowed /metrics: %d %v, want 403", code, err)
+	}
+	framework.Kubectl(t, e.Kubeconfig, "create", "clusterrolebinding", sa, "--clusterrole=apiary-metrics-reader", "--serviceaccount="+framework.SystemNS+":"+sa)
+	framework.Eventually(t, "metrics for the metrics-reader", 90*time.Second, func() error {
+		code, body, err := get(token)
+		if err != nil || code != http.StatusOK || !strings.Contains(body, "controller_runtime_reconcile_total") {
+			return fmt.Errorf("%d %v", code, err)
+		}
+		return nil
+	})
+}
+
+// testNetworkPolicy steers a tenant's own kube-apiserver at management pods
+// (konnectivity off, so it dials them itself): a Node whose InternalIP is
+// the managed etcd's member, then node proxy requests to its ports. The
+// client port answers (the TLS handshake wants a client certificate: the
+// path is open, as it must be for the tenant's datastore); etcd's metrics
+// port, the operator's metrics and another tenant's controller-manager do
+// not (the policies drop the packets; the request times out).
+func (e *env) testNetworkPolicy(t *testing.T) {
+	for _, name := range []string{render.NetworkPolicyName("alpha")} {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &networkingv1.NetworkPolicy{}); err != nil {
+			t.Errorf("tenant NetworkPolicy %s: %v", name, err)
+		}
+	}
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.SystemNS, Name: render.NetworkPolicyName("default-etcd")}, &networkingv1.NetworkPolicy{}); err != nil {
+		t.Errorf("etcd NetworkPolicy: %v", err)
+	}
+	const name = "direct"
+	took := e.CreateTenant(t, name, func(p *apiary.TenantControlPlane) { p.Spec.Addons.Konnectivity.Enabled = ptr.To(false) })
+	t.Logf("FIGURE tenant %s (konnectivity off) Ready in %s", name, took.Round(time.Millisecond))
+	defer func() {
+		if err := e.C.Delete(e.Ctx, e.TCP(t, name)); err != nil {
+			t.Errorf("deleting %s: %v", name, err)
+		}
+	}()
+	podIP := func(ns string, sel map[string]string) string {
+		var pods corev1.PodList
+		if err := e.C.List(e.Ctx, &pods, client.InNamespace(ns), client.MatchingLabels(sel)); err != nil || len(pods.Items) == 0 || pods.Items[0].Status.PodIP == "" {
+			t.Fatalf("pods %v in %s: %v", sel, ns, err)
+		}
+		return pods.Items[0].Status.PodIP
+	}
+	etcdIP := podIP(framework.SystemNS, map[string]string{render.LabelDataStore: "default", render.LabelComponent: "etcd"})
+	operatorIP := podIP(framework.SystemNS, map[string]string{"app.kubernetes.io/component": "operator"})
+	alphaIP := podIP(framework.TenantsNS, render.SelectorLabels(e.TCP(t, "alpha")))
+
+	kc := e.ExportKubeconfig(t, name)
+	proxy := func(target, scheme string, port int, path string) (string, error) {
+		node := "fake-" + strings.ReplaceAll(target, ".", "-")
+		manifest := filepath.Join(t.TempDir(), node+".json")
+		if err := os.WriteFile(manifest, fmt.Appendf(nil, `{"apiVersion":"v1","kind":"Node","metadata":{"name":%q}}`, node), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		framework.Kubectl(t, kc, "apply", "-f", manifest)
+		patch := fmt.Sprintf(`{"status":{"addresses":[{"type":"InternalIP","address":%q}]}}`, target)
+		framework.Kubectl(t, kc, "patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+		return framework.KubectlErr(kc, "get", "--raw", fmt.Sprintf("/api/v1/nodes/%s:%s:%d/proxy%s", scheme, node, port, path))
+	}
+	// The control: the datastore's client port is reachable from a control
+	// plane, and etcd wants a client certificate the proxy does not have.
+	framework.Eventually(t, "the etcd client port reached", 30*time.Second, func() error {
+		out, err := proxy(etcdIP, "https", 2379, "/health")
+		if !strings.Contains(out, "certificate") && !strings.Contains(out, "tls") {
+			return fmt.Errorf("node proxy to %s:2379: %v: %s", etcdIP, err, out)
+		}
+		return nil
+	})
+	for _, c := range []struct {
+		what, ip, scheme string
+		port             int
+		path             string
+	}{
+		{"etcd's metrics port", etcdIP, "http", 2381, "/metrics"},
+		{"etcd's peer port", etcdIP, "https", 2380, "/members"},
+		{"the operator's metrics", operatorIP, "https", 8443, "/metrics"},
+		{"another tenant's controller-manager", alphaIP, "https", 10257, "/healthz"},
+	} {
+		start := time.Now()
+		out, err := proxy(c.ip, c.scheme, c.port, c.path)
+		if err == nil || strings.Contains(out, "etcd_") || strings.Contains(out, "certificate") || strings.Contains(out, "tls:") || strings.TrimSpace(out) == "ok" {
+			t.Errorf("%s (%s:%d) reached through the tenant's API server: %v: %s", c.what, c.ip, c.port, err, out)
+			continue
+		}
+		if !strings.Contains(out, "dial tcp "+net.JoinHostPort(c.ip, strconv.Itoa(c.port))) {
+			t.Errorf("%s (%s:%d): want the API server's connection refused or dropped, got %v: %s", c.what, c.ip, c.port, err, firstLine(out))
+			continue
+		}
+		t.Logf("%s (%s:%d) not reached in %s: %s", c.what, c.ip, c.port, time.Since(start).Round(time.Millisecond), firstLine(out))
+	}
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
