@@ -441,3 +441,14 @@ func TestSupportedVersion(t *testing.T) {
 		t.Errorf("message: %v", err)
 	}
 }
+
+func TestFormatBytes(t *testing.T) {
+	for n, want := range map[int64]string{
+		0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
+		5 << 20: "5.0 MiB", 3<<30 + 1<<29: "3.5 GiB", 1 << 50: "1.0 PiB",
+	} {
+		if got := FormatBytes(n); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -927,3 +927,161 @@ func TestNoSpaceReclaimed(t *testing.T) {
 		t.Errorf("reclaim on a healthy etcd: %+v, %v", r, err)
 	}
 }
+
+// TestUsage: a tenant's usage is its own keys and values only, summed over
+// several pages at one revision, and follows deletions.
+func TestUsage(t *testing.T) {
+	t.Parallel()
+	s := etcdtest.Start(t)
+	c := connect(t, s.Config())
+	ctx := testContext(t)
+	a, b := datastore.TenantFor(uidA), datastore.TenantFor(uidB)
+	ca := tenantClient(t, s, c, a)
+	cb := tenantClient(t, s, c, b)
+
+	empty, err := c.Usage(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if empty.Bytes != 0 || empty.Objects != 0 || empty.Revision == 0 {
+		t.Fatalf("empty tenant: %+v", empty)
+	}
+	// More keys than one page holds, of different sizes.
+	const n = 1234
+	var want int64
+	for i := range n {
+		k, v := fmt.Sprintf("%s/registry/configmaps/x/%05d", a.Prefix, i), strings.Repeat("v", i%97)
+		if _, err := ca.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+		want += int64(len(k) + len(v))
+	}
+	// Another tenant's keys, and a key that shares the prefix without its
+	// slash (another tenant's range), are not counted.
+	if _, err := cb.Put(ctx, b.Prefix+"/registry/big", strings.Repeat("b", 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	root := s.RootClient(t)
+	if _, err := root.Put(ctx, a.Prefix+"x/outside", "not a's"); err != nil {
+		t.Fatal(err)
+	}
+	u, err := c.Usage(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Objects != n || u.Bytes != want {
+		t.Fatalf("usage %+v, want %d objects and %d bytes", u, n, want)
+	}
+	// Overwrites count once, at their latest size.
+	k := fmt.Sprintf("%s/registry/configmaps/x/%05d", a.Prefix, 0)
+	if _, err := ca.Put(ctx, k, strings.Repeat("w", 1000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Delete(ctx, fmt.Sprintf("%s/registry/configmaps/x/%05d", a.Prefix, 1)); err != nil {
+		t.Fatal(err)
+	}
+	want += 1000 - int64(len(fmt.Sprintf("%s/registry/configmaps/x/%05d", a.Prefix, 1))+1)
+	if u, err = c.Usage(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if u.Objects != n-1 || u.Bytes != want {
+		t.Fatalf("after an overwrite and a delete: %+v, want %d objects and %d bytes", u, n-1, want)
+	}
+	ub, err := c.Usage(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ub.Objects != 1 || ub.Bytes != int64(len(b.Prefix+"/registry/big")+1<<20) {
+		t.Fatalf("tenant b: %+v", ub)
+	}
+	if _, err := c.Usage(ctx, datastore.Tenant{User: "x", Prefix: "/"}); datastore.ReasonOf(err) != datastore.ReasonInvalidTenant {
+		t.Fatalf("a prefix covering every tenant: %v", err)
+	}
+}
+
+// TestWatchUsage: the usage kept by the watch follows creates, updates and
+// deletes (one by one and by range) and always equals a fresh scan.
+func TestWatchUsage(t *testing.T) {
+	t.Parallel()
+	s := etcdtest.Start(t)
+	c := connect(t, s.Config())
+	ctx := testContext(t)
+	a := datastore.TenantFor(uidA)
+	ca := tenantClient(t, s, c, a)
+	var mu sync.Mutex
+	var last datastore.Usage
+	reports := 0
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchUsage(wctx, a, func(u datastore.Usage) {
+			mu.Lock()
+			defer mu.Unlock()
+			last = u
+			reports++
+		})
+	}()
+	agrees := func(what string) {
+		t.Helper()
+		want, err := c.Usage(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			got := last
+			mu.Unlock()
+			if got.Bytes == want.Bytes && got.Objects == want.Objects && got.Revision >= want.Revision {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: watched usage %+v, scan %+v", what, got, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	agrees("empty")
+	for i := range 50 {
+		if _, err := ca.Put(ctx, fmt.Sprintf("%s/registry/secrets/x/%03d", a.Prefix, i), strings.Repeat("s", 100*i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agrees("50 creates")
+	for i := 0; i < 50; i += 3 {
+		if _, err := ca.Put(ctx, fmt.Sprintf("%s/registry/secrets/x/%03d", a.Prefix, i), "short"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agrees("updates")
+	if _, err := ca.Delete(ctx, fmt.Sprintf("%s/registry/secrets/x/%03d", a.Prefix, 7)); err != nil {
+		t.Fatal(err)
+	}
+	agrees("one delete")
+	// A transaction of several operations arrives as one batch.
+	if _, err := ca.Txn(ctx).Then(
+		clientv3.OpPut(a.Prefix+"/registry/leases/l1", "renewed"),
+		clientv3.OpDelete(fmt.Sprintf("%s/registry/secrets/x/%03d", a.Prefix, 8)),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	agrees("a transaction")
+	if _, err := ca.Delete(ctx, a.Prefix+"/registry/secrets/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	agrees("a range delete")
+	// A recreated key counts as new again.
+	if _, err := ca.Put(ctx, fmt.Sprintf("%s/registry/secrets/x/%03d", a.Prefix, 1), "again"); err != nil {
+		t.Fatal(err)
+	}
+	agrees("a recreated key")
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("WatchUsage after its context ended: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if reports < 5 {
+		t.Fatalf("%d reports", reports)
+	}
+}
