@@ -4,6 +4,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -53,7 +54,8 @@ func readyTenant() *apiaryv1alpha1.TenantControlPlane {
 			KubeconfigSecret:   "alpha-admin-kubeconfig",
 			Replicas:           2,
 			ReadyReplicas:      2,
-			DataStore:          apiaryv1alpha1.DataStoreBinding{Name: "shared-1", Prefix: "/apiary/team-a/alpha/", User: "apiary-team-a-alpha"},
+			DataStore: apiaryv1alpha1.DataStoreBinding{Name: "shared-1", Prefix: "/apiary/team-a/alpha/", User: "apiary-team-a-alpha",
+				Usage: &apiaryv1alpha1.DataStoreUsage{Bytes: 3 << 20, Objects: 412, Quota: apiaryv1alpha1.TenantQuota{Bytes: resource.NewQuantity(100<<20, resource.BinarySI), Objects: ptr.To[int64](10000)}}},
 			Certificates: []apiaryv1alpha1.CertificateStatus{
 				{Name: "ca", Secret: "alpha-ca", NotAfter: metav1.NewTime(now.Add(10 * 365 * 24 * time.Hour))},
 				{Name: "apiserver", Secret: "alpha-apiserver", NotAfter: metav1.NewTime(now.Add(300 * 24 * time.Hour))},

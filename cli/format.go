@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 
+	"github.com/apiaryhq/apiary/datastore"
 	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
@@ -129,6 +130,22 @@ func ReadyReplicas(tcp *apiaryv1alpha1.TenantControlPlane) string {
 		desired = *tcp.Spec.Replicas
 	}
 	return fmt.Sprintf("%d/%d", tcp.Status.ReadyReplicas, desired)
+}
+
+// formatUsage: "1.2 MiB of 100.0 MiB, 345 of 10000 objects" (no quota:
+// "1.2 MiB, 345 objects, no quota").
+func formatUsage(u apiaryv1alpha1.DataStoreUsage) string {
+	bytes, objects := datastore.FormatBytes(u.Bytes), fmt.Sprintf("%d", u.Objects)
+	if u.Quota.IsZero() {
+		return bytes + ", " + objects + " objects, no quota"
+	}
+	if q := u.Quota.Bytes; q != nil {
+		bytes += " of " + datastore.FormatBytes(q.Value())
+	}
+	if q := u.Quota.Objects; q != nil {
+		objects += fmt.Sprintf(" of %d", *q)
+	}
+	return bytes + ", " + objects + " objects"
 }
 
 // DataStoreOf is the DataStore the tenant is bound to, else the one it asks
@@ -254,6 +271,9 @@ func FormatDetail(tcp *apiaryv1alpha1.TenantControlPlane, now time.Time) string 
 		fmt.Fprintf(w, "  Name:\t%s\n", ds.Name)
 		fmt.Fprintf(w, "  Prefix:\t%s\n", firstNonEmpty(ds.Prefix))
 		fmt.Fprintf(w, "  User:\t%s\n", firstNonEmpty(ds.User))
+		if u := ds.Usage; u != nil {
+			fmt.Fprintf(w, "  Usage:\t%s\n", formatUsage(*u))
+		}
 	}
 
 	fmt.Fprintln(w, "Conditions:")

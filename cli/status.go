@@ -74,8 +74,9 @@ The table has one line per tenant, sorted by namespace and name:
   CONDITIONS  the conditions that are not True, as Type=Reason, or "all ready"
 
 With a NAME, it shows that tenant in detail: every condition with its reason,
-message and age, the endpoint, the datastore binding (DataStore, key prefix and
-etcd user), the certificates with their expiry, and the replicas.
+message and age, the endpoint, the datastore binding (DataStore, key prefix,
+etcd user, and what the tenant stores against its quota), the certificates
+with their expiry, and the replicas.
 
 -o yaml or -o json prints the objects themselves instead.`,
 		Example: `  # The tenants of the current namespace

@@ -202,6 +202,8 @@ func (e *env) tenantClient(t *testing.T, kubeconfig string) *kubernetes.Clientse
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A hostile tenant is not rate limited by its own client.
+	cfg.QPS, cfg.Burst = 1000, 1000
 	return kubernetes.NewForConfigOrDie(cfg)
 }
 

@@ -56,6 +56,7 @@ func TestE2E(t *testing.T) {
 	t.Run("TenantBecomesReadyBehindLoadBalancer", e.testTenantReady)
 	t.Run("TenantBootstrapIsKubeadmCompatible", e.testKubeadmBootstrap)
 	t.Run("TenantsAreIsolated", e.testIsolation)
+	t.Run("DataStoreQuotaConfinesATenant", e.testDataStoreQuota)
 	t.Run("DataStoreCertConfinedToItsPrefix", e.testDataStoreCertConfined)
 	t.Run("CompactedContinueTokenIsGone", e.testCompactedContinueToken)
 	t.Run("NetworkPolicyConfinesTenants", e.testNetworkPolicy)

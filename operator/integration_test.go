@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -125,6 +126,7 @@ func TestOperator(t *testing.T) {
 	t.Run("ValidationOnUpdate", s.testValidationOnUpdate)
 	t.Run("Provisions", s.testProvisions)
 	t.Run("ReadyTenantServesFromRestrictedEtcdUserAndIsQuiet", s.testReadyTenant)
+	t.Run("QuotaRefusesWritesInTheTenant", s.testQuota)
 	t.Run("TenantsAreIsolated", s.testIsolation)
 	t.Run("DeleteRemovesEverything", s.testDelete)
 	t.Run("ForeignSecretIsNotAdopted", s.testForeignSecret)
@@ -441,7 +443,7 @@ func (s *suite) testProvisions(t *testing.T) {
 	}
 	st := got.Status
 	tenant := datastore.TenantFor(got.UID)
-	if st.DataStore != (apiary.DataStoreBinding{Name: "default", Prefix: tenant.Prefix, User: tenant.User}) {
+	if b := st.DataStore; b.Name != "default" || b.Prefix != tenant.Prefix || b.User != tenant.User {
 		t.Errorf("status.dataStore = %+v, want default %+v", st.DataStore, tenant)
 	}
 	if st.Phase != apiary.PhaseProvisioning || st.Mode != apiary.ModeStandalone || st.KubeconfigSecret != "alpha-admin-kubeconfig" || st.ObservedGeneration != got.Generation {
@@ -607,11 +609,7 @@ func (s *suite) testReadyTenant(t *testing.T) {
 	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "ready"}, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("Deployment exists before the endpoint is known: %v", err)
 	}
-	// What MetalLB does.
-	var svc corev1.Service
-	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: "ready"}, &svc))
-	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "127.0.0.1"}}
-	s.must(s.c.Status().Update(s.ctx, &svc))
+	s.playMetalLB("ready")
 
 	var dep appsv1.Deployment
 	eventually(t, "Deployment rendered", 30*time.Second, func() error {
@@ -627,9 +625,7 @@ func (s *suite) testReadyTenant(t *testing.T) {
 	stop := s.runTenantAPIServer(t, &dep)
 	defer stop()
 
-	// What the kubelet and the Deployment controller report.
-	dep.Status = appsv1.DeploymentStatus{ObservedGeneration: dep.Generation, Replicas: 2, ReadyReplicas: 2, UpdatedReplicas: 2, AvailableReplicas: 2}
-	s.must(s.c.Status().Update(s.ctx, &dep))
+	s.playKubelet(&dep)
 	eventually(t, "Ready", 60*time.Second, func() error {
 		return s.tcpCondition("ready", apiary.ConditionReady, metav1.ConditionTrue, controllers.ReasonAPIAnswering)
 	})
@@ -639,26 +635,14 @@ func (s *suite) testReadyTenant(t *testing.T) {
 	}
 
 	// Export the kubeconfig with the CLI, then use it with kubectl.
-	var out, errOut bytes.Buffer
-	cmd := cli.NewKubeconfigCommand(&cli.ConfigFlags{Kubeconfig: s.kubeconfig, Namespace: tenantsNS})
-	cmd.SetArgs([]string{"ready"})
-	cmd.SetOut(&out)
-	cmd.SetErr(&errOut)
-	if err := cmd.ExecuteContext(s.ctx); err != nil {
-		t.Fatalf("apiary kubeconfig: %v: %s", err, errOut.String())
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "ready.kubeconfig")
-	s.must(os.WriteFile(kubeconfig, out.Bytes(), 0o600))
+	kubeconfig := s.exportKubeconfig(t, "ready")
 	kubectl := func(args ...string) string {
 		t.Helper()
-		bin, err := testenv.KubeBinary("kubectl")
-		s.must(err)
-		c := exec.CommandContext(s.ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
-		b, err := c.CombinedOutput()
+		out, err := kubectlRun(s.ctx, kubeconfig, args...)
 		if err != nil {
-			t.Fatalf("kubectl %v: %v\n%s", args, err, b)
+			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
 		}
-		return strings.TrimSpace(string(b))
+		return out
 	}
 	kubectl("create", "namespace", "hello")
 	if name := kubectl("get", "namespace", "hello", "-o", "jsonpath={.metadata.name}"); name != "hello" {
@@ -686,12 +670,72 @@ func (s *suite) testReadyTenant(t *testing.T) {
 		}
 	}
 
+	// The bootstrap's objects land after the reconcile that applied them:
+	// wait until status shows what the tenant stores, then nothing may
+	// change.
+	eventually(t, "usage in status settled", 30*time.Second, func() error {
+		resp, err := s.root.Get(s.ctx, tenant.Prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		if u := s.getTCP("ready").Status.DataStore.Usage; u == nil || u.Objects != resp.Count {
+			return fmt.Errorf("status shows %+v, etcd holds %d keys", u, resp.Count)
+		}
+		return nil
+	})
 	s.checkQuiet(t, "ready")
 }
 
+// playMetalLB gives a LoadBalancer tenant's Service the loopback address,
+// as MetalLB would give it one (envtest runs no load balancer).
+func (s *suite) playMetalLB(name string) {
+	s.t.Helper()
+	var svc corev1.Service
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: name}, &svc))
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "127.0.0.1"}}
+	s.must(s.c.Status().Update(s.ctx, &svc))
+}
+
+// playKubelet reports what the kubelet and the Deployment controller would:
+// every replica ready.
+func (s *suite) playKubelet(dep *appsv1.Deployment) {
+	s.t.Helper()
+	dep.Status = appsv1.DeploymentStatus{ObservedGeneration: dep.Generation, Replicas: *dep.Spec.Replicas, ReadyReplicas: *dep.Spec.Replicas, UpdatedReplicas: *dep.Spec.Replicas, AvailableReplicas: *dep.Spec.Replicas}
+	s.must(s.c.Status().Update(s.ctx, dep))
+}
+
+// exportKubeconfig runs `apiary kubeconfig NAME` and writes what it prints.
+func (s *suite) exportKubeconfig(t *testing.T, name string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := cli.NewKubeconfigCommand(&cli.ConfigFlags{Kubeconfig: s.kubeconfig, Namespace: tenantsNS})
+	cmd.SetArgs([]string{name})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	if err := cmd.ExecuteContext(s.ctx); err != nil {
+		t.Fatalf("apiary kubeconfig: %v: %s", err, errOut.String())
+	}
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
+	s.must(os.WriteFile(path, out.Bytes(), 0o600))
+	return path
+}
+
+// kubectlRun runs the from-source kubectl against a kubeconfig.
+func kubectlRun(ctx context.Context, kubeconfig string, args ...string) (string, error) {
+	bin, err := testenv.KubeBinary("kubectl")
+	if err != nil {
+		return "", err
+	}
+	b, err := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(b)), err
+}
+
 // runTenantAPIServer starts the kube-apiserver container of a rendered
-// Deployment as a local process: the same arguments, the projected files
-// written from the Secrets, only the directory and the bind address moved.
+// Deployment as a local process: the same arguments, each mounted volume
+// written to a local directory (paths in the arguments and in the mounted
+// configuration files moved there), only the bind address changed. A
+// ConfigMap volume is kept current as the kubelet would (an atomic swap of
+// its files when the ConfigMap changes).
 func (s *suite) runTenantAPIServer(t *testing.T, dep *appsv1.Deployment) func() {
 	t.Helper()
 	dir := t.TempDir()
@@ -704,34 +748,83 @@ func (s *suite) runTenantAPIServer(t *testing.T, dep *appsv1.Deployment) func() 
 	if ctr == nil {
 		t.Fatal("no kube-apiserver container")
 	}
-	mountPath := ctr.VolumeMounts[0].MountPath
+	volumes := map[string]corev1.Volume{}
 	for _, v := range dep.Spec.Template.Spec.Volumes {
-		if v.Name != ctr.VolumeMounts[0].Name {
-			continue
+		volumes[v.Name] = v
+	}
+	// Mount paths, longest first, and where they are here.
+	moved := map[string]string{}
+	for _, m := range ctr.VolumeMounts {
+		moved[m.MountPath] = filepath.Join(dir, m.Name)
+	}
+	mounts := slices.SortedFunc(maps.Keys(moved), func(a, b string) int { return len(b) - len(a) })
+	move := func(text string) string {
+		for _, m := range mounts {
+			text = strings.ReplaceAll(text, m, moved[m])
 		}
+		return text
+	}
+	configMap := func(name string) *corev1.ConfigMap {
+		var cm corev1.ConfigMap
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: name}, &cm))
+		return &cm
+	}
+	refreshCtx, stopRefresh := context.WithCancel(s.ctx)
+	for _, m := range ctr.VolumeMounts {
+		local, v := moved[m.MountPath], volumes[m.Name]
 		write := func(items []corev1.KeyToPath, data func(key string) []byte) {
 			for _, item := range items {
-				path := filepath.Join(dir, item.Path)
+				path := filepath.Join(local, item.Path)
 				s.must(os.MkdirAll(filepath.Dir(path), 0o700))
 				s.must(os.WriteFile(path, data(item.Key), 0o600))
 			}
 		}
-		for _, src := range v.Projected.Sources {
-			switch {
-			case src.Secret != nil:
-				var sec corev1.Secret
-				s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.Secret.Name}, &sec))
-				write(src.Secret.Items, func(k string) []byte { return sec.Data[k] })
-			case src.ConfigMap != nil:
-				var cm corev1.ConfigMap
-				s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.ConfigMap.Name}, &cm))
-				write(src.ConfigMap.Items, func(k string) []byte { return []byte(cm.Data[k]) })
+		switch {
+		case v.Projected != nil:
+			for _, src := range v.Projected.Sources {
+				switch {
+				case src.Secret != nil:
+					var sec corev1.Secret
+					s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: dep.Namespace, Name: src.Secret.Name}, &sec))
+					write(src.Secret.Items, func(k string) []byte { return sec.Data[k] })
+				case src.ConfigMap != nil:
+					cm := configMap(src.ConfigMap.Name)
+					write(src.ConfigMap.Items, func(k string) []byte { return []byte(move(cm.Data[k])) })
+				}
 			}
+		case v.ConfigMap != nil:
+			files := func(cm *corev1.ConfigMap) map[string]string {
+				out := map[string]string{}
+				for _, item := range v.ConfigMap.Items {
+					out[item.Path] = move(cm.Data[item.Key])
+				}
+				return out
+			}
+			last := files(configMap(v.ConfigMap.Name))
+			atomic := testenv.NewAtomicDir(t, local, last)
+			go func() {
+				for refreshCtx.Err() == nil {
+					time.Sleep(200 * time.Millisecond)
+					var cm corev1.ConfigMap
+					if err := s.c.Get(refreshCtx, client.ObjectKey{Namespace: dep.Namespace, Name: v.ConfigMap.Name}, &cm); err != nil {
+						continue
+					}
+					if now := files(&cm); !maps.Equal(now, last) {
+						if err := atomic.Update(now); err != nil {
+							t.Errorf("updating %s: %v", local, err)
+							return
+						}
+						last = now
+					}
+				}
+			}()
+		default:
+			s.must(os.MkdirAll(local, 0o700))
 		}
 	}
 	var args []string
 	for _, a := range ctr.Args {
-		a = strings.ReplaceAll(a, mountPath, dir)
+		a = move(a)
 		switch {
 		case strings.HasPrefix(a, "--bind-address="):
 			// Listen on loopback only, as tests must.
@@ -759,6 +852,7 @@ func (s *suite) runTenantAPIServer(t *testing.T, dep *appsv1.Deployment) func() 
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
+			stopRefresh()
 			_ = cmd.Process.Kill()
 			<-done
 			logFile.Close()
@@ -821,6 +915,10 @@ func (s *suite) checkQuiet(t *testing.T, name string) {
 						desc := fmt.Sprintf("%s %s %s rv=%s", ev.Type, what, obj.GetName(), obj.GetResourceVersion())
 						if e, ok := ev.Object.(*eventsv1.Event); ok {
 							desc += fmt.Sprintf(" reason=%s note=%q series=%v", e.Reason, e.Note, e.Series)
+						}
+						if tcp, ok := ev.Object.(*apiary.TenantControlPlane); ok {
+							b, _ := json.Marshal(tcp.Status)
+							desc += " status=" + string(b)
 						}
 						writes = append(writes, desc)
 						mu.Unlock()

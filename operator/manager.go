@@ -73,6 +73,9 @@ type Options struct {
 	ResyncPeriod time.Duration
 	// DataStoreCheckInterval is how often each DataStore's etcd is checked.
 	DataStoreCheckInterval time.Duration
+	// UsageInterval is how often each tenant's datastore usage is measured
+	// against its quota.
+	UsageInterval time.Duration
 	// ShutdownDelay is how long Run keeps serving after its context ends,
 	// with /readyz failing, so that Services stop routing webhook calls to
 	// this replica before its webhook server closes.
@@ -97,6 +100,7 @@ func DefaultOptions() Options {
 		NodeBundleRepository:    controllers.DefaultNodeBundleRepository,
 		MaxConcurrentReconciles: 4,
 		DataStoreCheckInterval:  controllers.DefaultDataStoreCheckInterval,
+		UsageInterval:           controllers.DefaultUsageInterval,
 		ShutdownDelay:           5 * time.Second,
 		NetworkPolicies:         true,
 		Policy: render.PolicyInputs{
@@ -178,6 +182,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 				&corev1.Secret{}:                owned,
 				&corev1.Service{}:               owned,
 				&appsv1.Deployment{}:            owned,
+				&corev1.ConfigMap{}:             owned,
 				&appsv1.StatefulSet{}:           owned,
 				&policyv1.PodDisruptionBudget{}: owned,
 				&networkingv1.NetworkPolicy{}:   owned,
@@ -211,6 +216,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		DataStores:              pool,
 		ImageRepository:         opts.ImageRepository,
 		ClusterDomain:           opts.ClusterDomain,
+		UsageInterval:           opts.UsageInterval,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 		NetworkPolicy:           policyInputs(opts),
 	}).SetupWithManager(mgr); err != nil {

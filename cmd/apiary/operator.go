@@ -75,6 +75,7 @@ $KUBECONFIG or ~/.kube/config. Run several replicas with --leader-elect.`,
 	f.StringVar(&opts.ImageRepository, "image-repository", opts.ImageRepository, "registry and path that replace registry.k8s.io in control-plane images (air-gapped installs)")
 	f.StringVar(&opts.ClusterDomain, "cluster-domain", opts.ClusterDomain, "DNS domain of the management cluster (names in the tenant API serving certificate)")
 	f.DurationVar(&opts.DataStoreCheckInterval, "datastore-check-interval", opts.DataStoreCheckInterval, "how often each DataStore's etcd is checked for reachability and authentication")
+	f.DurationVar(&opts.UsageInterval, "datastore-usage-interval", opts.UsageInterval, "how often each tenant's keys are measured against its DataStore quota (a scan of its keys and values); a tenant can write past its quota for about this long before its API server refuses")
 	f.Float32Var(&qps, "kube-api-qps", qps, "client-side limit of requests per second to the management API server (-1: none, rely on API priority and fairness)")
 	f.IntVar(&burst, "kube-api-burst", burst, "client-side burst of requests to the management API server (with --kube-api-qps > 0)")
 	f.DurationVar(&opts.ShutdownDelay, "shutdown-delay", opts.ShutdownDelay, "on SIGTERM, keep serving this long with /readyz failing, so that webhook calls stop arriving before the server closes")

@@ -105,6 +105,9 @@ type Options struct {
 	// Webhooks installs Apiary's webhook configurations, pointed at a local
 	// server whose address and certificates envtest provides.
 	Webhooks bool
+	// APIServerArgs are set on kube-apiserver's command line (name without
+	// dashes → value).
+	APIServerArgs map[string]string
 }
 
 // Env is a running kube-apiserver and etcd with Apiary's CRDs.
@@ -143,6 +146,13 @@ func New(opts Options) (*Env, error) {
 		env.WebhookInstallOptions = envtest.WebhookInstallOptions{
 			Paths: []string{filepath.Join(root, "charts", "apiary", "files", "webhook")},
 		}
+	}
+	for k, v := range opts.APIServerArgs {
+		env.ControlPlane.GetAPIServer().Configure().Set(k, v)
+	}
+	if os.Getenv("APIARY_TEST_LOGS") != "" {
+		env.ControlPlane.GetAPIServer().Out = os.Stderr
+		env.ControlPlane.GetAPIServer().Err = os.Stderr
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -112,9 +112,15 @@ type TenantControlPlaneReconciler struct {
 	// NetworkPolicy, when set, confines each tenant's control-plane pods
 	// with a NetworkPolicy of these inputs.
 	NetworkPolicy *render.PolicyInputs
+	// UsageInterval is how often each tenant's datastore usage is measured
+	// (DefaultUsageInterval when 0).
+	UsageInterval time.Duration
 
 	statuses     statusMemo[apiary.TenantControlPlaneStatus]
 	bootstrapper tenantBootstrapper
+	usages       usages
+	// nudged is the quota policy each tenant's pods were last told of.
+	nudged hashes
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=tenantcontrolplanes,verbs=get;list;watch;update;patch
@@ -123,7 +129,7 @@ type TenantControlPlaneReconciler struct {
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -139,13 +145,22 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 	}
 	// Deletions of what the bootstrap applied inside tenants.
 	r.bootstrapper.deleted = make(chan event.GenericEvent, 64)
+	// Tenants whose datastore usage crossed their quota (either way).
+	crossed := make(chan event.GenericEvent, 64)
+	if r.usages == nil {
+		r.usages = &usageTracker{connect: r.DataStores.Get, events: crossed}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.TenantControlPlane{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, deletionPredicate()))).
 		WatchesRawSource(source.Channel(r.bootstrapper.deleted, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(crossed, &handler.EnqueueRequestForObject{})).
 		Owns(&corev1.Secret{}).
 		Owns(&corev1.Service{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&networkingv1.NetworkPolicy{}).
+		// The admission ConfigMap carries the quota policy: an edit is
+		// undone at once.
+		Owns(&corev1.ConfigMap{}).
 		// A DataStore turning Ready (or not) changes its tenants' conditions.
 		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore), builder.WithPredicates(dataStoreChangesTenants())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
@@ -329,8 +344,13 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	r.setCondition(tcp, apiary.ConditionCertificatesReady, metav1.ConditionTrue, ReasonIssued, fmt.Sprintf("%d Secrets hold valid credentials", len(render.AllSecretKinds)))
 	r.recordIssued(tcp, cr)
 
-	// 5. Deployment, and the non-secret files it mounts.
+	// 5. Deployment, and the non-secret files it mounts: the egress
+	// configuration, and the admission configuration with the quota policy.
 	if err := r.konnectivityConfigMap(ctx, tcp); err != nil {
+		return ctrl.Result{}, err
+	}
+	quota := r.reconcileQuota(ctx, tcp, ds, dsCfg)
+	if err := r.applyAdmission(ctx, tcp, quota.exceeded); err != nil {
 		return ctrl.Result{}, err
 	}
 	mounted := map[string]map[string][]byte{}
@@ -355,7 +375,12 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	r.observeDeployment(tcp, dep)
 
 	// 6. Ready: everything above, and the API answering through its endpoint.
-	return r.observeReady(ctx, tcp, cr, ca, ep), nil
+	result := r.observeReady(ctx, tcp, cr, ca, ep, quota.exceeded != nil)
+	// Usage is measured again when due, whatever else happens.
+	if result.RequeueAfter == 0 || quota.next < result.RequeueAfter {
+		result.RequeueAfter = quota.next
+	}
+	return result, nil
 }
 
 // konnectivityConfigMap applies the egress selector configuration the API
@@ -510,7 +535,8 @@ func (r *TenantControlPlaneReconciler) bindDataStore(ctx context.Context, tcp *a
 	if err != nil {
 		return fail(datastore.ReasonOf(err), fmt.Sprintf("DataStore %s: %v", name, err), err)
 	}
-	st.DataStore = apiary.DataStoreBinding{Name: name, Prefix: tenant.Prefix, User: tenant.User}
+	// Usage is kept: the quota step measures it only now and then.
+	st.DataStore = apiary.DataStoreBinding{Name: name, Prefix: tenant.Prefix, User: tenant.User, Usage: st.DataStore.Usage}
 	r.setCondition(tcp, apiary.ConditionDataStoreReady, metav1.ConditionTrue, ReasonBound,
 		fmt.Sprintf("etcd user %s may read and write %s/ on DataStore %s", tenant.User, tenant.Prefix, name))
 	return &ds, cfg, nil
@@ -655,7 +681,7 @@ func deref[T any](p *T) T {
 
 // observeReady sets Ready: every condition True and the tenant API answering
 // /readyz through its public endpoint, verified against the tenant CA.
-func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ca *pki.KeyPair, ep render.Endpoint) ctrl.Result {
+func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ca *pki.KeyPair, ep render.Endpoint, overQuota bool) ctrl.Result {
 	for _, c := range []string{apiary.ConditionDataStoreReady, apiary.ConditionCertificatesReady, apiary.ConditionEndpointReady, apiary.ConditionControlPlaneAvailable} {
 		if !meta.IsStatusConditionTrue(tcp.Status.Conditions, c) {
 			r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonWaitingForPrerequisites, c+" is not True")
@@ -673,8 +699,11 @@ func (r *TenantControlPlaneReconciler) observeReady(ctx context.Context, tcp *ap
 		return ctrl.Result{RequeueAfter: time.Second}
 	}
 	// The API answers: apply what kubeadm join and the nodes need inside
-	// the tenant.
-	if err := r.bootstrapTenant(ctx, tcp, cr, ep.URL()); err != nil {
+	// the tenant. Over quota the tenant refuses the applies too: a tenant
+	// bootstrapped before keeps what it has until it is back under.
+	if overQuota && meta.IsStatusConditionTrue(tcp.Status.Conditions, apiary.ConditionTenantBootstrapped) {
+		log.FromContext(ctx).V(1).Info("tenant over its datastore quota: bootstrap not re-applied")
+	} else if err := r.bootstrapTenant(ctx, tcp, cr, ep.URL()); err != nil {
 		log.FromContext(ctx).Info("tenant bootstrap failed", "error", err.Error())
 		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonWaitingForPrerequisites, apiary.ConditionTenantBootstrapped+" is not True")
 		// A fresh API server may lack kube-public for a moment: retry
@@ -795,6 +824,9 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 	if err := r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.KonnectivityConfigMapName(tcp), Namespace: tcp.Namespace}}); err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.AdmissionConfigMapName(tcp), Namespace: tcp.Namespace}}); err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := r.deleteOwned(ctx, tcp, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: render.NetworkPolicyName(tcp.Name), Namespace: tcp.Namespace}}); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -812,6 +844,8 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	r.statuses.forget(orig.UID)
+	r.usages.stop(orig.UID)
+	r.nudged.forget(orig.UID)
 	r.forgetTenant(orig.UID)
 	logger.Info("tenant removed", "dataStore", tcp.Status.DataStore.Name, "prefix", tcp.Status.DataStore.Prefix)
 	return ctrl.Result{}, nil

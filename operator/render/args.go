@@ -189,6 +189,12 @@ func apiServerDefaults(in Inputs) map[string]string {
 	if KonnectivityEnabled(in.TCP) {
 		defaults["egress-selector-config-file"] = pathEgressSelectorConfig
 	}
+	if StaticAdmissionSupported(s.Version) {
+		// The datastore quota's policy (admission.go). 1.36 has the gate
+		// as alpha, off by default.
+		defaults["admission-control-config-file"] = pathAdmissionConfig
+		defaults[featureGates] += "," + manifestGate + "=true"
+	}
 	return defaults
 }
 
@@ -237,5 +243,6 @@ func schedulerDefaults() map[string]string {
 }
 
 // MountDirs are the directories Apiary mounts into the control-plane
-// containers (certificates, keys, kubeconfigs, the konnectivity socket).
-var MountDirs = []string{kubernetesDir, socketDir}
+// containers (certificates, keys, kubeconfigs, the konnectivity socket,
+// the admission policies).
+var MountDirs = []string{kubernetesDir, socketDir, admissionDir}

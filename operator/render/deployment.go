@@ -87,6 +87,9 @@ func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfig
 		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:], KeySAPub, pathSAPub[rel:]),
 		secretItems(tcp, SecretDataStoreClient, KeyCACert, pathEtcdCACert[rel:], KeyTLSCert, pathEtcdClientCert[rel:], KeyTLSKey, pathEtcdClientKey[rel:]),
 	)
+	if StaticAdmissionSupported(tcp.Spec.Version) {
+		v.Projected.WithSources(admissionConfigProjection(tcp))
+	}
 	if KonnectivityEnabled(tcp) {
 		v.Projected.WithSources(corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().
 			WithName(KonnectivityConfigMapName(tcp)).
@@ -200,6 +203,10 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 
 	containers := []*corev1ac.ContainerApplyConfiguration{apiServer, controllerManager, scheduler}
 	volumes := []*corev1ac.VolumeApplyConfiguration{apiServerVolume(tcp), controllerManagerVolume(tcp), schedulerVolume(tcp)}
+	if StaticAdmissionSupported(s.Version) {
+		apiServer.WithVolumeMounts(corev1ac.VolumeMount().WithName(volumePolicies).WithMountPath(policiesDir).WithReadOnly(true))
+		volumes = append(volumes, admissionPoliciesVolume(tcp))
+	}
 	if KonnectivityEnabled(tcp) {
 		// The API server dials konnectivity-server's socket on a volume
 		// they share.

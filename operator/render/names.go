@@ -21,6 +21,10 @@ const (
 	// mounted into the control-plane pods: a change to any of them rolls the
 	// pods.
 	AnnotationConfigHash = "apiary.dev/config-hash"
+	// AnnotationAdmissionHash on a running control-plane pod is the hash of
+	// the quota policy its kubelet was last asked to write (the operator
+	// sets it on the pods, not the template: no rollout).
+	AnnotationAdmissionHash = "apiary.dev/admission-hash"
 
 	componentControlPlane = "control-plane"
 )

@@ -91,7 +91,7 @@ func TestExtraFeatureGatesMerged(t *testing.T) {
 	tcp := fixture()
 	tcp.Spec.APIServer.ExtraArgs = map[string]string{"feature-gates": "MutatingAdmissionPolicy=true"}
 	args := APIServerArgs(inputs(tcp))
-	if want := "--feature-gates=MutatingAdmissionPolicy=true,ListFromCacheSnapshot=false"; !slices.Contains(args, want) {
+	if want := "--feature-gates=MutatingAdmissionPolicy=true,ListFromCacheSnapshot=false,ManifestBasedAdmissionControlConfig=true"; !slices.Contains(args, want) {
 		t.Errorf("want %s in %v", want, args)
 	}
 }
@@ -245,5 +245,42 @@ func TestNetworkPolicyGolden(t *testing.T) {
 	external := TenantNetworkPolicy(fixture(), &apiary.DataStore{}, in)
 	if n := len(external.Spec.Egress); n != 2 {
 		t.Errorf("external DataStore: %d egress rules, want DNS and outside", n)
+	}
+}
+
+func TestAdmissionGolden(t *testing.T) {
+	tcp := fixture()
+	within, err := AdmissionConfigMap(tcp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden.YAML(t, "admission-within-quota", within)
+	over, err := AdmissionConfigMap(tcp, &QuotaExceeded{Quota: apiary.TenantQuota{
+		Bytes: resource.NewQuantity(64<<20, resource.BinarySI), Objects: new(int64(5000)),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden.YAML(t, "admission-over-quota", over)
+	golden.Bytes(t, "datastore-quota-policy.golden.yaml", []byte(over.Data[KeyQuotaPolicy]))
+}
+
+// Versions without manifest-based admission get no admission flag, volume
+// or gate (1.35 would refuse the gate and the configuration's field).
+func TestStaticAdmissionOnlyFrom136(t *testing.T) {
+	for v, want := range map[string]bool{"v1.35.4": false, "v1.36.0": true, "v1.37.2": true} {
+		tcp := fixture()
+		tcp.Spec.Version = v
+		args := strings.Join(APIServerArgs(inputs(tcp)), " ")
+		hasFlag := strings.Contains(args, "--admission-control-config-file=")
+		hasGate := strings.Contains(args, "ManifestBasedAdmissionControlConfig=true")
+		dep := Deployment(inputs(tcp))
+		hasVolume := false
+		for _, vol := range dep.Spec.Template.Spec.Volumes {
+			hasVolume = hasVolume || *vol.Name == volumePolicies
+		}
+		if hasFlag != want || hasGate != want || hasVolume != want {
+			t.Errorf("%s: flag %t, gate %t, volume %t; want %t", v, hasFlag, hasGate, hasVolume, want)
+		}
 	}
 }

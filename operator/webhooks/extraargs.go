@@ -74,9 +74,11 @@ var mustKeep = map[render.Component]map[string]string{
 
 // pinnedGates are feature gates a tenant may not turn: without
 // ListFromCacheSnapshot=false the tenant would not see the datastore's
-// compaction (render.APIServerArgs).
+// compaction (render.APIServerArgs); without
+// ManifestBasedAdmissionControlConfig its datastore quota would not be
+// enforced (render.QuotaPolicy).
 var pinnedGates = map[render.Component]map[string]bool{
-	render.APIServer: {"ListFromCacheSnapshot": false},
+	render.APIServer: {"ListFromCacheSnapshot": false, "ManifestBasedAdmissionControlConfig": true},
 }
 
 // checkGates reads a feature-gates value as the components do (comma

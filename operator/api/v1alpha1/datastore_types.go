@@ -73,6 +73,33 @@ type ManagedEtcd struct {
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
+// TenantQuota is a budget for one tenant's slice of a DataStore: its keys
+// under its prefix, counted at their latest revision (what etcd keeps after
+// compaction). An unset field is no limit.
+type TenantQuota struct {
+	// Bytes bounds the size of the tenant's keys and values.
+	// +optional
+	Bytes *resource.Quantity `json:"bytes,omitempty"`
+	// Objects bounds the number of the tenant's keys (about one per
+	// Kubernetes object).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	Objects *int64 `json:"objects,omitempty"`
+}
+
+// TenantQuotaPolicy is what a DataStore grants each tenant.
+type TenantQuotaPolicy struct {
+	// Default is each tenant's budget unless its spec.dataStoreQuota says
+	// otherwise.
+	// +optional
+	Default TenantQuota `json:"default,omitempty"`
+	// Max caps what a tenant's spec.dataStoreQuota may ask for (a field
+	// unset here caps at Default's value); a tenant asking for more is held
+	// to the cap, and its WithinQuota condition says so.
+	// +optional
+	Max *TenantQuota `json:"max,omitempty"`
+}
+
 // DataStoreSpec describes a shared etcd that stores tenant control planes:
 // either an existing one (endpoints and tls) or one the operator runs
 // (managed).
@@ -95,6 +122,13 @@ type DataStoreSpec struct {
 	// and a PodDisruptionBudget, compacting itself.
 	// +optional
 	Managed *ManagedEtcd `json:"managed,omitempty"`
+	// TenantQuota bounds each tenant's share of this DataStore: the
+	// operator measures every tenant's keys under its prefix and, while a
+	// tenant is over its budget, its API server refuses creates and updates
+	// (deletes still work) until usage is back under 95 % of it. Unset: no
+	// per-tenant limit (only etcd's backend quota, shared by all).
+	// +optional
+	TenantQuota *TenantQuotaPolicy `json:"tenantQuota,omitempty"`
 }
 
 // DataStoreStatus is the observed state of a DataStore.

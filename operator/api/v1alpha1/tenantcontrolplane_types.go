@@ -106,6 +106,10 @@ type TenantControlPlaneSpec struct {
 	// cannot change afterwards.
 	// +optional
 	DataStore string `json:"dataStore,omitempty"`
+	// DataStoreQuota overrides the DataStore's default tenant quota for
+	// this tenant, within the DataStore's spec.tenantQuota.max.
+	// +optional
+	DataStoreQuota *TenantQuota `json:"dataStoreQuota,omitempty"`
 	// +optional
 	Network NetworkSpec `json:"network,omitempty"`
 	// +optional
@@ -126,6 +130,22 @@ type DataStoreBinding struct {
 	Prefix string `json:"prefix,omitempty"`
 	// User is the tenant's etcd user (and role).
 	User string `json:"user,omitempty"`
+	// Usage is what the tenant stores under its prefix, as last measured.
+	// +optional
+	Usage *DataStoreUsage `json:"usage,omitempty"`
+}
+
+// DataStoreUsage is a tenant's measured share of its DataStore and the
+// budget it is held to.
+type DataStoreUsage struct {
+	// Bytes of the tenant's keys and values.
+	Bytes int64 `json:"bytes"`
+	// Objects is the number of the tenant's keys.
+	Objects int64 `json:"objects"`
+	// Quota is the budget in force (the DataStore's default, or the
+	// tenant's override within the DataStore's max); empty: no limit.
+	// +optional
+	Quota TenantQuota `json:"quota,omitempty"`
 }
 
 // CertificateStatus records one issued certificate.
@@ -211,7 +231,12 @@ const (
 	// ConditionTenantBootstrapped: the kubeadm-compatible bootstrap and the
 	// enabled addons are applied inside the tenant.
 	ConditionTenantBootstrapped = "TenantBootstrapped"
-	ConditionReady              = "Ready"
+	// ConditionWithinQuota: the tenant stores no more than its DataStore
+	// quota allows. False (QuotaExceeded) while its API server refuses
+	// creates and updates.
+	ConditionWithinQuota = "WithinQuota"
+	ConditionReady       = "Ready"
+
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
 	// ConditionPeerCASeparate is a managed DataStore's: the peer port
