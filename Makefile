@@ -69,6 +69,9 @@ unit: deps ## Unit tests (no external processes; some read host tools such as ip
 
 fuzz: ## A short run of each fuzz target (their seeds run in unit too).
 	go test -run '^$$' -fuzz '^FuzzExtraArgs$$' -fuzztime 15s ./operator/webhooks
+	go test -run '^$$' -fuzz '^FuzzValidateHost$$' -fuzztime 10s ./operator/webhooks
+	go test -run '^$$' -fuzz '^FuzzQuote$$' -fuzztime 10s ./hosts
+	go test -run '^$$' -fuzz '^FuzzParsePreflight$$' -fuzztime 10s ./hosts
 
 integration: deps tools ## Integration tests against real kube-apiserver and etcd.
 	go test -tags integration -count=1 $(GO_TEST_FLAGS) ./...

@@ -34,10 +34,8 @@ type JoinResult struct {
 // cgroup v1 host it patches the KubeletConfiguration with failCgroupV1:
 // false (kubelet 1.35+ refuses cgroup v1 otherwise) for this node only.
 func Join(ctx context.Context, c *Client, r JoinRequest) (JoinResult, error) {
-	for _, v := range []string{r.Endpoint, r.Token, r.CACertHash, r.NodeName} {
-		if v == "" || strings.ContainsAny(v, " '\"\\$`;\n") {
-			return JoinResult{}, fmt.Errorf("join: invalid argument %q", v)
-		}
+	if err := r.Validate(); err != nil {
+		return JoinResult{}, &Error{ReasonInvalidInput, err}
 	}
 	script := fmt.Sprintf(`set -e
 if [ -f /etc/kubernetes/kubelet.conf ]; then echo APIARY_ALREADY_JOINED; exit 0; fi
@@ -48,7 +46,7 @@ if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
 fi
 kubeadm join %[2]s --token %[3]s --discovery-token-ca-cert-hash %[4]s --node-name %[5]s \
   --cri-socket %[6]s --patches %[1]s --ignore-preflight-errors=SystemVerification 2>&1
-`, patchesDir, r.Endpoint, r.Token, r.CACertHash, r.NodeName, CRISocket)
+`, patchesDir, Quote(r.Endpoint), Quote(r.Token), Quote(r.CACertHash), Quote(r.NodeName), CRISocket)
 	out, err := c.RunScript(ctx, script)
 	res := JoinResult{AlreadyJoined: strings.Contains(out, "APIARY_ALREADY_JOINED"), Output: out}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
@@ -62,6 +63,11 @@ func ParsePreflight(out string) PreflightReport {
 			kv[k] = strings.TrimSpace(v)
 		}
 	}
+	// The host's owner writes this output: what goes into status (and onto
+	// a terminal by apiary host list) is bounded and printable.
+	for k, v := range kv {
+		kv[k] = printable(v, maxFactLength)
+	}
 	r := PreflightReport{Facts: apiary.HostFacts{
 		OS:     kv["os"],
 		Arch:   normalizeArch(kv["arch"]),
@@ -107,6 +113,28 @@ func ParsePreflight(out string) PreflightReport {
 		problem("a kubelet already runs or is configured here (/etc/kubernetes/kubelet.conf): remove the host from its cluster (kubeadm reset -f) first")
 	}
 	return r
+}
+
+// maxFactLength bounds each value the host reports.
+const maxFactLength = 128
+
+// printable keeps the first n printable runes of s (no control characters,
+// no terminal escapes) and marks a cut with "...".
+func printable(s string, n int) string {
+	var b strings.Builder
+	count := 0
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			continue
+		}
+		if count == n {
+			b.WriteString("...")
+			break
+		}
+		b.WriteRune(r)
+		count++
+	}
+	return b.String()
 }
 
 func normalizeArch(a string) string {

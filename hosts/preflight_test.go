@@ -3,6 +3,7 @@ package hosts
 import (
 	"strings"
 	"testing"
+	"unicode"
 )
 
 const healthy = `os=Debian GNU/Linux 12 (bookworm)
@@ -60,4 +61,34 @@ func TestPreflightEmptyOutputFails(t *testing.T) {
 	if r := ParsePreflight(""); len(r.Problems) == 0 {
 		t.Fatal("a host that reported nothing passed")
 	}
+}
+
+// FuzzParsePreflight: whatever a host prints, the report is bounded and
+// printable (it goes into status and onto terminals), and names at most
+// one problem per check.
+func FuzzParsePreflight(f *testing.F) {
+	f.Add(healthy)
+	f.Add("os=\x1b]0;pwned\x07Debian\nkernel=" + strings.Repeat("k", 5000) + "\n")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, out string) {
+		r := ParsePreflight(out)
+		for name, v := range map[string]string{"os": r.Facts.OS, "arch": r.Facts.Arch, "kernel": r.Facts.Kernel, "runtime version": r.Facts.ContainerRuntimeVersion} {
+			if n := len([]rune(v)); n > maxFactLength+3 {
+				t.Fatalf("%s is %d runes long", name, n)
+			}
+			for _, c := range v {
+				if !unicode.IsPrint(c) {
+					t.Fatalf("%s holds %U", name, c)
+				}
+			}
+		}
+		if len(r.Problems) > 12 {
+			t.Fatalf("%d problems", len(r.Problems))
+		}
+		for _, p := range r.Problems {
+			if len(p) > 1024 {
+				t.Fatalf("problem of %d bytes", len(p))
+			}
+		}
+	})
 }

@@ -23,6 +23,9 @@ const (
 	ReasonInvalidPrivateKey    = "InvalidPrivateKey"
 	ReasonInvalidHostKey       = "InvalidHostKey"
 	ReasonCommandFailed        = "CommandFailed"
+	// ReasonInvalidInput: a value bound for the host's shell is not of the
+	// strict form it must have (nothing was run).
+	ReasonInvalidInput = "InvalidInput"
 )
 
 // Error is a failure with a reason for conditions.

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -61,4 +62,29 @@ func TestInsecureHostKeyCheckWarns(t *testing.T) {
 	if w := hostWarnings(h); len(w) != 1 || !strings.Contains(w[0], "insecureSkipHostKeyCheck") {
 		t.Fatalf("warnings %v", w)
 	}
+}
+
+// FuzzValidateHost: whatever host key and address a Host carries,
+// validation answers (no panic), and what it accepts is a key
+// golang.org/x/crypto/ssh parses and an address that is an IP or a DNS
+// name without shell or line-breaking characters.
+func FuzzValidateHost(f *testing.F) {
+	f.Add(testHostKey, "192.0.2.20")
+	f.Add("ssh-rsa AAAA", "node-1.example.com")
+	f.Add("ssh-ed25519 "+strings.Repeat("A", 4000), "a;reboot")
+	f.Add("", "::1")
+	f.Fuzz(func(t *testing.T, key, address string) {
+		h := validHost()
+		h.Spec.HostKey, h.Spec.Address = key, address
+		if errs := ValidateHost(h); len(errs) > 0 {
+			return
+		}
+		// An empty key is the CRD's rule to refuse (or insecureSkipHostKeyCheck).
+		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(key)); key != "" && err != nil {
+			t.Fatalf("host key %q accepted but does not parse: %v", key, err)
+		}
+		if strings.ContainsAny(address, " \t\n;|&$`'\"\\<>()") {
+			t.Fatalf("address %q accepted", address)
+		}
+	})
 }
