@@ -12,11 +12,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,12 +28,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/apiaryhq/apiary/e2e/cluster"
 	"github.com/apiaryhq/apiary/e2e/framework"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
 )
 
@@ -380,10 +386,26 @@ func (e *env) testNetworkPolicy(t *testing.T) {
 		}
 		return pods.Items[0].Status.PodIP
 	}
+	// The ranges the operator found on the cluster (no managementCIDRs
+	// given to the chart).
+	framework.Eventually(t, "alpha isolated from the management cluster's ranges", 30*time.Second, func() error {
+		c := meta.FindStatusCondition(e.TCP(t, "alpha").Status.Conditions, apiary.ConditionNetworkIsolated)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != controllers.ReasonPolicyApplied {
+			return fmt.Errorf("NetworkIsolated %+v", c)
+		}
+		for _, want := range []string{cluster.NodePodCIDR, cluster.ServiceCIDR, e.NodeIP + "/32"} {
+			if !strings.Contains(c.Message, want) {
+				return fmt.Errorf("NetworkIsolated does not name %s: %s", want, c.Message)
+			}
+		}
+		return nil
+	})
 	etcdIP := podIP(framework.SystemNS, map[string]string{render.LabelDataStore: "default", render.LabelComponent: "etcd"})
+	dnsIP := podIP("kube-system", map[string]string{"k8s-app": "kube-dns"})
 	operatorIP := podIP(framework.SystemNS, map[string]string{"app.kubernetes.io/component": "operator"})
 	alphaIP := podIP(framework.TenantsNS, render.SelectorLabels(e.TCP(t, "alpha")))
 
+	metadata := fakeMetadataService(t)
 	kc := e.ExportKubeconfig(t, name)
 	proxy := func(target, scheme string, port int, path string) (string, error) {
 		node := "fake-" + strings.ReplaceAll(target, ".", "-")
@@ -405,6 +427,16 @@ func (e *env) testNetworkPolicy(t *testing.T) {
 		}
 		return nil
 	})
+	// The control for the targets only the tenant's egress rule guards:
+	// this machine connects to them, so a refusal below is the policy's,
+	// not a closed port's.
+	for _, target := range []string{net.JoinHostPort(dnsIP, "9153"), net.JoinHostPort(e.NodeIP, "10250")} {
+		conn, err := net.DialTimeout("tcp", target, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s is not open from this machine (the refusals below would prove nothing): %v", target, err)
+		}
+		conn.Close()
+	}
 	for _, c := range []struct {
 		what, ip, scheme string
 		port             int
@@ -414,6 +446,10 @@ func (e *env) testNetworkPolicy(t *testing.T) {
 		{"etcd's peer port", etcdIP, "https", 2380, "/members"},
 		{"the operator's metrics", operatorIP, "https", 8443, "/metrics"},
 		{"another tenant's controller-manager", alphaIP, "https", 10257, "/healthz"},
+		// Guarded by the tenant's own egress rule alone (the ranges the
+		// operator found), not by a policy of the target's.
+		{"the cluster DNS's metrics", dnsIP, "http", 9153, "/metrics"},
+		{"the management node's kubelet", e.NodeIP, "https", 10250, "/healthz"},
 	} {
 		start := time.Now()
 		out, err := proxy(c.ip, c.scheme, c.port, c.path)
@@ -427,9 +463,81 @@ func (e *env) testNetworkPolicy(t *testing.T) {
 		}
 		t.Logf("%s (%s:%d) not reached in %s: %s", c.what, c.ip, c.port, time.Since(start).Round(time.Millisecond), firstLine(out))
 	}
+	// Link-local is refused whatever the ranges: the cloud metadata service
+	// there hands out the node's credentials. kube-apiserver refuses to
+	// proxy to link-local addresses itself, but calls a webhook anywhere.
+	framework.Kubectl(t, kc, "create", "namespace", "ssrf")
+	webhook := fmt.Sprintf(`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingWebhookConfiguration","metadata":{"name":"ssrf"},
+"webhooks":[{"name":"ssrf.example.com","admissionReviewVersions":["v1"],"sideEffects":"None","failurePolicy":"Fail","timeoutSeconds":5,
+"clientConfig":{"url":"https://%s/latest/meta-data/"},
+"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"ssrf"}},
+"rules":[{"apiGroups":[""],"apiVersions":["v1"],"operations":["CREATE"],"resources":["configmaps"]}]}]}`, metadata.addr)
+	manifest := filepath.Join(t.TempDir(), "ssrf.json")
+	if err := os.WriteFile(manifest, []byte(webhook), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	framework.Kubectl(t, kc, "apply", "-f", manifest)
+	framework.Eventually(t, "the webhook call to the metadata address refused by the network", 30*time.Second, func() error {
+		out, err := framework.KubectlErr(kc, "-n", "ssrf", "create", "configmap", "probe", "--from-literal=k=v")
+		if err == nil || !strings.Contains(out, "dial tcp "+net.JoinHostPort(metadata.addr, "443")) {
+			return fmt.Errorf("create under a webhook at %s: %v: %s", metadata.addr, err, out)
+		}
+		t.Logf("the cloud metadata address (webhook %s:443) not reached: %s", metadata.addr, firstLine(out))
+		return nil
+	})
+	if n := metadata.hits.Load(); n != 0 {
+		t.Errorf("the fake metadata service was reached %d times from the tenant's API server", n)
+	}
 }
 
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(s, "\n")
 	return l
+}
+
+// metadataService is a fake cloud metadata service on this machine.
+type metadataService struct {
+	addr string
+	hits atomic.Int64
+}
+
+// fakeMetadataService serves the cloud metadata address on this machine
+// (169.254.169.254 on the loopback device, HTTPS on 443) for the test's
+// duration, counting requests, so that a packet a policy fails to drop
+// reaches it here and is counted, never this VM's gateway. The machine
+// itself reaching it is the control.
+func fakeMetadataService(t *testing.T) *metadataService {
+	t.Helper()
+	m := &metadataService{addr: "169.254.169.254"}
+	if out, err := exec.Command("ip", "addr", "add", m.addr+"/32", "dev", "lo").CombinedOutput(); err != nil && !strings.Contains(string(out), "File exists") {
+		t.Fatalf("ip addr add %s dev lo: %v: %s", m.addr, err, out)
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(m.addr, "443"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		m.hits.Add(1)
+		fmt.Fprint(w, "fake-node-credentials")
+	}))
+	srv.Listener = l
+	srv.StartTLS()
+	t.Cleanup(func() {
+		srv.Close()
+		if out, err := exec.Command("ip", "addr", "del", m.addr+"/32", "dev", "lo").CombinedOutput(); err != nil {
+			t.Errorf("ip addr del %s dev lo: %v: %s", m.addr, err, out)
+		}
+	})
+	// The control: this machine reaches it (its certificate names
+	// 127.0.0.1; what is checked is that it answers).
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the control reaches a server of the test's
+	resp, err := hc.Get("https://" + m.addr + "/")
+	if err != nil {
+		t.Fatalf("the fake metadata service does not answer on this machine: %v", err)
+	}
+	resp.Body.Close()
+	if m.hits.Swap(0) != 1 {
+		t.Fatal("the fake metadata service did not count the control request")
+	}
+	return m
 }

@@ -27,7 +27,6 @@ node_ip=$("$kubectl" get nodes -o jsonpath='{.items[0].status.addresses[?(@.type
   --set defaultDataStore.managed.storage.emptyDir=true \
   --set operator.nodeBundle.repository="$node_ip:5000/apiaryhq/node-bundle" \
   --set operator.nodeBundle.insecure=true \
-  --set 'networkPolicy.managementCIDRs={10.200.0.0/16,10.201.0.0/16}' \
   --wait --timeout 5m
 "$kubectl" wait --for=condition=Ready datastore/default --timeout=5m
 

@@ -126,9 +126,8 @@ func (e *Env) installChart() {
 		// at the node address.
 		"--set", "operator.nodeBundle.repository="+e.RegistryAtNode()+"/apiaryhq/node-bundle",
 		"--set", "operator.nodeBundle.insecure=true",
-		// The local cluster's pod and Service ranges (kube-router enforces
-		// the policies).
-		"--set", "networkPolicy.managementCIDRs={"+cluster.PodCIDR+","+cluster.ServiceCIDR+"}",
+		// The NetworkPolicy test's tenant runs without konnectivity.
+		"--set", "tenantPolicy.konnectivityOptionalNamespaces={"+TenantsNS+"}",
 		"--wait", "--timeout", "5m")
 	e.T.Logf("helm install: %s", time.Since(start).Round(time.Millisecond))
 	// helm --wait returns when the new pods are ready; a replaced operator

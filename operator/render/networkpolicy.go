@@ -1,6 +1,7 @@
 package render
 
 import (
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +32,13 @@ type PolicyInputs struct {
 	// DataStore.
 	ManagementCIDRs []string
 }
+
+// linkLocal is never a tenant's destination: it holds the cloud metadata
+// service (169.254.169.254; on AWS also fd00:ec2::254), whose answers are
+// the management node's credentials, and a tenant's API server with
+// konnectivity off connects to whatever address a Node of the tenant's
+// names.
+var linkLocal = []string{"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128"}
 
 // ControlPlanePodLabels are on the control-plane pods of every tenant.
 var ControlPlanePodLabels = map[string]string{LabelManagedBy: ManagedBy, LabelComponent: componentControlPlane}
@@ -70,7 +78,7 @@ func TenantNetworkPolicy(tcp *apiary.TenantControlPlane, ds *apiary.DataStore, i
 	outside := networkingv1ac.NetworkPolicyEgressRule()
 	for _, cidr := range []string{"0.0.0.0/0", "::/0"} {
 		block := networkingv1ac.IPBlock().WithCIDR(cidr)
-		for _, m := range in.ManagementCIDRs {
+		for _, m := range append(slices.Clone(linkLocal), in.ManagementCIDRs...) {
 			if isIPv6(m) == isIPv6(cidr) {
 				block.WithExcept(m)
 			}
