@@ -398,6 +398,16 @@ func (e *env) testWebhook(t *testing.T) {
 			}
 		})
 	}
+	t.Run("konnectivity off outside the allowed namespaces", func(t *testing.T) {
+		// The chart allows it in the tenants' namespace only (the
+		// NetworkPolicy test's tenant "direct").
+		bad := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "direct", Namespace: "default"}}
+		bad.Spec.Addons.Konnectivity.Enabled = ptr.To(false)
+		err := e.C.Create(e.Ctx, bad, client.DryRunAll)
+		if err == nil || !strings.Contains(err.Error(), "spec.addons.konnectivity.enabled") || !strings.Contains(err.Error(), "namespace default is not among the operator's --konnectivity-optional-namespaces") {
+			t.Fatalf("create with konnectivity off in namespace default: %v", err)
+		}
+	})
 	t.Run("create with overlapping CIDRs", func(t *testing.T) {
 		bad := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: framework.TenantsNS},
 			Spec: apiary.TenantControlPlaneSpec{Network: apiary.NetworkSpec{PodCIDR: "10.96.0.0/12"}}}

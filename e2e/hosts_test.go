@@ -261,6 +261,14 @@ func newPublicKey(t *testing.T) ssh.PublicKey {
 // host-network pods that run without a pod network). Then the Host is
 // removed (Node gone, host reset) and added again (joins again).
 func (e *env) testHostJoin(t *testing.T, d *sshhost.Docker, h *sshhost.Host, name string) {
+	// alpha is the earlier tests' too: say so when it is not Ready now,
+	// and wait for it (a join needs an answering API).
+	if c := meta.FindStatusCondition(e.TCP(t, "alpha").Status.Conditions, apiary.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		start := time.Now()
+		t.Logf("alpha is not Ready before the join: %+v", c)
+		e.WaitReady(t, "alpha")
+		t.Logf("alpha Ready again after %s", time.Since(start).Round(time.Millisecond))
+	}
 	kc := e.ExportKubeconfig(t, "alpha")
 	cs := e.tenantClient(t, kc)
 	key := client.ObjectKey{Namespace: framework.TenantsNS, Name: name}

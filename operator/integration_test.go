@@ -127,6 +127,7 @@ func TestOperator(t *testing.T) {
 	t.Run("Provisions", s.testProvisions)
 	t.Run("ReadyTenantServesFromRestrictedEtcdUserAndIsQuiet", s.testReadyTenant)
 	t.Run("QuotaRefusesWritesInTheTenant", s.testQuota)
+	t.Run("AdmissionChecksTheAuthor", s.testAdmissionChecksTheAuthor)
 	t.Run("TenantsAreIsolated", s.testIsolation)
 	t.Run("DeleteRemovesEverything", s.testDelete)
 	t.Run("ForeignSecretIsNotAdopted", s.testForeignSecret)
@@ -1442,6 +1443,42 @@ func (s *suite) testControllerRechecks(t *testing.T) {
 		return nil
 	})
 	s.wantEtcdTenant(t, tenant, false)
+
+	// Past admission, the controller still refuses what the webhook would
+	// have: konnectivity off without the admin's consent, a DataStore that
+	// does not take the namespace, another tenant's object names.
+	direct := newTCP("nowebhook-direct", "default")
+	direct.Spec.Addons.Konnectivity.Enabled = ptr.To(false)
+	s.must(s.c.Create(s.ctx, direct))
+	s.eventually("konnectivity off refused by the controller", 30*time.Second, func() error {
+		c := meta.FindStatusCondition(s.getTCP("nowebhook-direct").Status.Conditions, apiary.ConditionReady)
+		if c == nil || c.Reason != controllers.ReasonInvalidSpec || !strings.Contains(c.Message, "spec.addons.konnectivity.enabled") {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+	s.must(s.c.Create(s.ctx, newTCP("nowebhook-restricted", "restricted")))
+	s.eventually("DataStore not taking the namespace refused by the controller", 30*time.Second, func() error {
+		return s.tcpCondition("nowebhook-restricted", apiary.ConditionDataStoreReady, metav1.ConditionFalse, controllers.ReasonNamespaceNotAllowed)
+	})
+	if _, err := s.root.UserGet(s.ctx, datastore.TenantFor(s.getTCP("nowebhook-restricted").UID).User); err == nil {
+		t.Errorf("an etcd user was made for a tenant its DataStore does not take")
+	}
+	s.must(s.c.Create(s.ctx, newTCP("collide", "default")))
+	s.eventually("collide provisioned", 30*time.Second, func() error {
+		return s.tcpCondition("collide", apiary.ConditionCertificatesReady, metav1.ConditionTrue, "")
+	})
+	s.must(s.c.Create(s.ctx, newTCP("collide-front-proxy", "default")))
+	s.eventually("a newer tenant taking an older one's names refused by the controller", 30*time.Second, func() error {
+		c := meta.FindStatusCondition(s.getTCP("collide-front-proxy").Status.Conditions, apiary.ConditionReady)
+		if c == nil || c.Reason != controllers.ReasonInvalidSpec || !strings.Contains(c.Message, "collide-front-proxy-ca") {
+			return fmt.Errorf("Ready %+v", c)
+		}
+		return nil
+	})
+	if err := s.tcpCondition("collide", apiary.ConditionCertificatesReady, metav1.ConditionTrue, ""); err != nil {
+		t.Errorf("the older tenant suffered: %v", err)
+	}
 }
 
 func (s *suite) dataStore(name string) *apiary.DataStore {

@@ -85,6 +85,9 @@ type Options struct {
 	// must enforce NetworkPolicy). Policy holds what they select.
 	NetworkPolicies bool
 	Policy          render.PolicyInputs
+	// TenantPolicy is what the platform admin allows tenants (webhook and
+	// controller).
+	TenantPolicy webhooks.TenantPolicy
 }
 
 // DefaultOptions are the flag defaults.
@@ -217,6 +220,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		ImageRepository:         opts.ImageRepository,
 		ClusterDomain:           opts.ClusterDomain,
 		UsageInterval:           opts.UsageInterval,
+		Policy:                  opts.TenantPolicy,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 		NetworkPolicy:           policyInputs(opts),
 	}).SetupWithManager(mgr); err != nil {
@@ -256,7 +260,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		}
 	}
 	if opts.Webhooks {
-		if err := (webhooks.TenantControlPlane{}).Setup(mgr); err != nil {
+		if err := (webhooks.TenantControlPlane{Policy: opts.TenantPolicy}).Setup(mgr); err != nil {
 			pool.Close()
 			return nil, nil, fmt.Errorf("setting up webhooks: %w", err)
 		}

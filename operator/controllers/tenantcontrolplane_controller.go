@@ -87,7 +87,27 @@ const (
 	ReasonApplied                 = "Applied"
 	ReasonBootstrapFailed         = "BootstrapFailed"
 	ReasonInvalidSpec             = "InvalidSpec"
+	ReasonNamespaceNotAllowed     = "NamespaceNotAllowed"
 )
+
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+
+// admitted says whether a DataStore takes tenants of the namespace, and
+// why not.
+func (r *TenantControlPlaneReconciler) admitted(ctx context.Context, ds *apiary.DataStore, namespace string) (bool, string, error) {
+	if ds.Spec.NamespaceSelector == nil {
+		return true, "", nil
+	}
+	var ns corev1.Namespace
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: namespace}, &ns); err != nil {
+		return false, "", fmt.Errorf("reading namespace %s: %w", namespace, err)
+	}
+	ok, err := ds.Admits(ns.Labels)
+	if err != nil || ok {
+		return ok, "", err
+	}
+	return false, fmt.Sprintf("DataStore %s does not take tenants of namespace %s: its spec.namespaceSelector (%s) does not match the namespace's labels", ds.Name, namespace, metav1.FormatLabelSelector(ds.Spec.NamespaceSelector)), nil
+}
 
 // TenantControlPlaneReconciler reconciles TenantControlPlanes: datastore
 // binding, credentials, Service, Deployment, status.
@@ -112,6 +132,9 @@ type TenantControlPlaneReconciler struct {
 	// NetworkPolicy, when set, confines each tenant's control-plane pods
 	// with a NetworkPolicy of these inputs.
 	NetworkPolicy *render.PolicyInputs
+	// Policy is what the platform admin allows tenants; the controller
+	// checks it as the webhook does.
+	Policy webhooks.TenantPolicy
 	// UsageInterval is how often each tenant's datastore usage is measured
 	// (DefaultUsageInterval when 0).
 	UsageInterval time.Duration
@@ -161,6 +184,9 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 		// The admission ConfigMap carries the quota policy: an edit is
 		// undone at once.
 		Owns(&corev1.ConfigMap{}).
+		// The management cluster's own ranges, which tenant policies exclude.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allTenants), builder.WithPredicates(nodeRangesChanged())).
+		Watches(&networkingv1.ServiceCIDR{}, handler.EnqueueRequestsFromMapFunc(r.allTenants), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// A DataStore turning Ready (or not) changes its tenants' conditions.
 		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore), builder.WithPredicates(dataStoreChangesTenants())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
@@ -238,6 +264,23 @@ func (r *TenantControlPlaneReconciler) tenantsOfDataStore(ctx context.Context, o
 	return reqs
 }
 
+// olderTenants are the tenants of tcp's namespace created before it: a
+// name collision is the newer tenant's to resolve.
+func (r *TenantControlPlaneReconciler) olderTenants(ctx context.Context, tcp *apiary.TenantControlPlane) ([]apiary.TenantControlPlane, error) {
+	var list apiary.TenantControlPlaneList
+	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the tenants of namespace %s: %w", tcp.Namespace, err)
+	}
+	var older []apiary.TenantControlPlane
+	for _, o := range list.Items {
+		t, mine := o.CreationTimestamp, tcp.CreationTimestamp
+		if t.Before(&mine) || (t.Equal(&mine) && o.Name < tcp.Name) {
+			older = append(older, o)
+		}
+	}
+	return older, nil
+}
+
 // Reconcile drives one tenant towards its spec and records what it observed.
 func (r *TenantControlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var orig apiary.TenantControlPlane
@@ -265,7 +308,13 @@ func (r *TenantControlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.R
 
 	// The webhook may be off, deleted or bypassed: check again before
 	// anything of the spec reaches a pod. What runs keeps running.
-	if errs := webhooks.Validate(tcp); len(errs) > 0 {
+	errs := append(webhooks.Validate(tcp), r.Policy.Validate(tcp)...)
+	older, err := r.olderTenants(ctx, tcp)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	errs = append(errs, webhooks.NameCollisions(tcp, older)...)
+	if len(errs) > 0 {
 		tcp.Status.ObservedGeneration = tcp.Generation
 		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonInvalidSpec,
 			"the spec is refused and nothing of it was applied (the admission webhook did not check it): "+errs.ToAggregate().Error())
@@ -300,10 +349,8 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	}
 
 	// The network boundary before anything of the tenant runs.
-	if r.NetworkPolicy != nil {
-		if err := r.Client.Apply(ctx, render.TenantNetworkPolicy(tcp, ds, *r.NetworkPolicy), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-			return ctrl.Result{}, fmt.Errorf("applying NetworkPolicy: %w", err)
-		}
+	if err := r.applyNetworkPolicy(ctx, tcp, ds); err != nil {
+		return ctrl.Result{}, err
 	}
 
 	// 2. Credentials that do not depend on the endpoint.
@@ -491,7 +538,7 @@ func (r *TenantControlPlaneReconciler) bindDataStore(ctx context.Context, tcp *a
 		name = tcp.Spec.DataStore
 	}
 	if name == "" {
-		placed, err := r.place(ctx)
+		placed, err := r.place(ctx, tcp.Namespace)
 		if err != nil {
 			return fail(ReasonNoDataStoreAvailable, err.Error(), nil)
 		}
@@ -503,6 +550,14 @@ func (r *TenantControlPlaneReconciler) bindDataStore(ctx context.Context, tcp *a
 			return fail(ReasonDataStoreNotFound, fmt.Sprintf("DataStore %q does not exist", name), nil)
 		}
 		return fail("Error", err.Error(), err)
+	}
+	// Checked at every reconcile, not only when binding: status.dataStore
+	// must not carry a tenant onto a DataStore its namespace may not use.
+	if ok, why, err := r.admitted(ctx, &ds, tcp.Namespace); err != nil || !ok {
+		if err != nil {
+			return fail("Error", err.Error(), err)
+		}
+		return fail(ReasonNamespaceNotAllowed, why, nil)
 	}
 	// Only a DataStore its controller has checked and protected (finalizer)
 	// takes tenants: otherwise it could be deleted under their data.
@@ -544,19 +599,23 @@ func (r *TenantControlPlaneReconciler) bindDataStore(ctx context.Context, tcp *a
 
 // place picks a DataStore for a tenant that names none: the Ready one
 // annotated as default, else the Ready one with the fewest tenants.
-func (r *TenantControlPlaneReconciler) place(ctx context.Context) (string, error) {
+func (r *TenantControlPlaneReconciler) place(ctx context.Context, namespace string) (string, error) {
 	var list apiary.DataStoreList
 	if err := r.Client.List(ctx, &list); err != nil {
 		return "", fmt.Errorf("listing DataStores: %w", err)
 	}
 	var ready []apiary.DataStore
 	for _, ds := range list.Items {
-		if ds.DeletionTimestamp.IsZero() && meta.IsStatusConditionTrue(ds.Status.Conditions, apiary.ConditionReady) {
-			ready = append(ready, ds)
+		if !ds.DeletionTimestamp.IsZero() || !meta.IsStatusConditionTrue(ds.Status.Conditions, apiary.ConditionReady) {
+			continue
 		}
+		if ok, _, err := r.admitted(ctx, &ds, namespace); err != nil || !ok {
+			continue
+		}
+		ready = append(ready, ds)
 	}
 	if len(ready) == 0 {
-		return "", fmt.Errorf("no Ready DataStore to place the tenant on (%d DataStores exist); create one or set spec.dataStore", len(list.Items))
+		return "", fmt.Errorf("no Ready DataStore that takes tenants of namespace %s to place the tenant on (%d DataStores exist); create one, or set spec.dataStore", namespace, len(list.Items))
 	}
 	slices.SortFunc(ready, func(a, b apiary.DataStore) int {
 		ad, bd := a.Annotations[AnnotationDefaultDataStore] == "true", b.Annotations[AnnotationDefaultDataStore] == "true"

@@ -78,6 +78,24 @@ func SecretName(tcp *apiary.TenantControlPlane, kind SecretKind) string {
 }
 
 // ServiceName is the tenant API Service; DeploymentName the control plane.
+// ObjectNames are the names of the objects of each kind Apiary makes for a
+// tenant in its namespace: two tenants of one namespace must not share
+// one (tenant "a-front-proxy"'s Secret "a-front-proxy-ca" is tenant "a"'s
+// front-proxy CA).
+func ObjectNames(tcp *apiary.TenantControlPlane) map[string][]string {
+	secrets := make([]string, 0, len(AllSecretKinds))
+	for _, k := range AllSecretKinds {
+		secrets = append(secrets, SecretName(tcp, k))
+	}
+	return map[string][]string{
+		"Secret":        secrets,
+		"ConfigMap":     {KonnectivityConfigMapName(tcp), AdmissionConfigMapName(tcp)},
+		"Service":       {ServiceName(tcp)},
+		"Deployment":    {DeploymentName(tcp)},
+		"NetworkPolicy": {NetworkPolicyName(tcp.Name)},
+	}
+}
+
 func ServiceName(tcp *apiary.TenantControlPlane) string    { return tcp.Name }
 func DeploymentName(tcp *apiary.TenantControlPlane) string { return tcp.Name }
 

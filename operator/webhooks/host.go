@@ -2,14 +2,17 @@ package webhooks
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 
 	"golang.org/x/crypto/ssh"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,19 +25,76 @@ import (
 // Host validates Hosts beyond what the CRD schema and its CEL rules say:
 // the pinned host key must parse, the address must be an IP or a DNS name,
 // and the Node labels and taints must be valid.
-type Host struct{}
+//
+// It also refuses a Host whose creator (or an update's author, when the
+// key or the address changes) may not read its SSH key Secret: otherwise
+// whoever may write Hosts could send a key they cannot see to an address
+// of their choosing, and have the agent install and join a machine that
+// key opens.
+type Host struct {
+	// Client creates SubjectAccessReviews; nil skips that check.
+	Client client.Client
+}
 
 // Setup registers the webhook.
 func (w Host) Setup(mgr ctrl.Manager) error {
+	w.Client = mgr.GetClient()
 	return ctrl.NewWebhookManagedBy(mgr, &apiary.Host{}).WithValidator(w).Complete()
 }
 
-func (Host) ValidateCreate(_ context.Context, h *apiary.Host) (admission.Warnings, error) {
-	return hostWarnings(h), invalidHost(h, ValidateHost(h))
+func (w Host) ValidateCreate(ctx context.Context, h *apiary.Host) (admission.Warnings, error) {
+	errs := ValidateHost(h)
+	if len(errs) == 0 {
+		var err error
+		if errs, err = w.mayReadKey(ctx, h); err != nil {
+			return nil, err
+		}
+	}
+	return hostWarnings(h), invalidHost(h, errs)
 }
 
-func (Host) ValidateUpdate(_ context.Context, _, h *apiary.Host) (admission.Warnings, error) {
-	return hostWarnings(h), invalidHost(h, ValidateHost(h))
+func (w Host) ValidateUpdate(ctx context.Context, old, h *apiary.Host) (admission.Warnings, error) {
+	errs := ValidateHost(h)
+	if len(errs) == 0 && (old.Spec.SSHKeySecretRef != h.Spec.SSHKeySecretRef || old.Spec.Address != h.Spec.Address) {
+		var err error
+		if errs, err = w.mayReadKey(ctx, h); err != nil {
+			return nil, err
+		}
+	}
+	return hostWarnings(h), invalidHost(h, errs)
+}
+
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// mayReadKey asks the API server whether the request's user may get the
+// Host's SSH key Secret.
+func (w Host) mayReadKey(ctx context.Context, h *apiary.Host) (field.ErrorList, error) {
+	if w.Client == nil {
+		return nil, nil
+	}
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	u := req.UserInfo
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, v := range u.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: u.Username, Groups: u.Groups, UID: u.UID, Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: h.Namespace, Verb: "get", Resource: "secrets", Name: h.Spec.SSHKeySecretRef.Name,
+		},
+	}}
+	if err := w.Client.Create(ctx, sar); err != nil {
+		return nil, apierrors.NewInternalError(fmt.Errorf("asking whether %s may read Secret %s/%s: %w", u.Username, h.Namespace, h.Spec.SSHKeySecretRef.Name, err))
+	}
+	if sar.Status.Allowed {
+		return nil, nil
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("spec", "sshKeySecretRef", "name"),
+		fmt.Sprintf("%s may not get Secret %s/%s: a Host may only use an SSH key its author may read", u.Username, h.Namespace, h.Spec.SSHKeySecretRef.Name))}, nil
 }
 
 func (Host) ValidateDelete(context.Context, *apiary.Host) (admission.Warnings, error) {

@@ -11,12 +11,15 @@ import (
 	"regexp"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/util/version"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -37,10 +40,17 @@ var versionPattern = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
 // +kubebuilder:webhook:path=/validate-apiary-dev-v1alpha1-tenantcontrolplane,mutating=false,failurePolicy=fail,sideEffects=None,groups=apiary.dev,resources=tenantcontrolplanes,verbs=create;update,versions=v1alpha1,name=vtenantcontrolplane.apiary.dev,admissionReviewVersions=v1
 
 // TenantControlPlane defaults and validates TenantControlPlanes.
-type TenantControlPlane struct{}
+type TenantControlPlane struct {
+	// Policy is what the platform admin allows tenants.
+	Policy TenantPolicy
+	// Reader lists the other tenants of a namespace (object names must
+	// not collide); nil skips that check.
+	Reader client.Reader
+}
 
 // Setup registers the webhooks with the manager.
 func (w TenantControlPlane) Setup(mgr ctrl.Manager) error {
+	w.Reader = mgr.GetClient()
 	return ctrl.NewWebhookManagedBy(mgr, &apiary.TenantControlPlane{}).
 		WithDefaulter(w).
 		WithValidator(w).
@@ -54,13 +64,58 @@ func (TenantControlPlane) Default(_ context.Context, tcp *apiary.TenantControlPl
 }
 
 // ValidateCreate checks a new TenantControlPlane.
-func (TenantControlPlane) ValidateCreate(_ context.Context, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
-	return warnings(tcp), invalid(tcp, Validate(tcp))
+func (w TenantControlPlane) ValidateCreate(ctx context.Context, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
+	errs := append(Validate(tcp), w.Policy.Validate(tcp)...)
+	if w.Reader != nil {
+		var others apiary.TenantControlPlaneList
+		if err := w.Reader.List(ctx, &others, client.InNamespace(tcp.Namespace)); err != nil {
+			return nil, apierrors.NewInternalError(fmt.Errorf("listing the tenants of namespace %s: %w", tcp.Namespace, err))
+		}
+		errs = append(errs, NameCollisions(tcp, others.Items)...)
+	}
+	dsErrs, err := w.dataStoreAdmits(ctx, tcp)
+	if err != nil {
+		return nil, err
+	}
+	return warnings(tcp), invalid(tcp, append(errs, dsErrs...))
+}
+
+// dataStoreAdmits refuses a spec.dataStore whose namespaceSelector does not
+// take the tenant's namespace (the controller checks again, at every
+// reconcile). A DataStore that does not exist yet is the controller's to
+// report.
+func (w TenantControlPlane) dataStoreAdmits(ctx context.Context, tcp *apiary.TenantControlPlane) (field.ErrorList, error) {
+	if w.Reader == nil || tcp.Spec.DataStore == "" {
+		return nil, nil
+	}
+	var ds apiary.DataStore
+	if err := w.Reader.Get(ctx, client.ObjectKey{Name: tcp.Spec.DataStore}, &ds); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, apierrors.NewInternalError(fmt.Errorf("reading DataStore %s: %w", tcp.Spec.DataStore, err))
+	}
+	if ds.Spec.NamespaceSelector == nil {
+		return nil, nil
+	}
+	var ns corev1.Namespace
+	if err := w.Reader.Get(ctx, client.ObjectKey{Name: tcp.Namespace}, &ns); err != nil {
+		return nil, apierrors.NewInternalError(fmt.Errorf("reading namespace %s: %w", tcp.Namespace, err))
+	}
+	ok, err := ds.Admits(ns.Labels)
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	if ok {
+		return nil, nil
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("spec", "dataStore"),
+		fmt.Sprintf("DataStore %s does not take tenants of namespace %s: its spec.namespaceSelector (%s) does not match the namespace's labels", ds.Name, tcp.Namespace, metav1.FormatLabelSelector(ds.Spec.NamespaceSelector)))}, nil
 }
 
 // ValidateUpdate checks a change, including the rules that compare with the
 // previous object (no downgrade, no skipped minor, immutable fields).
-func (TenantControlPlane) ValidateUpdate(_ context.Context, old, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
+func (w TenantControlPlane) ValidateUpdate(ctx context.Context, old, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
 	// Updates that leave the spec alone (finalizers, labels, annotations,
 	// and every update of an object being deleted) are not checked: a
 	// spec stored before a rule existed, or while the webhook was off,
@@ -73,7 +128,15 @@ func (TenantControlPlane) ValidateUpdate(_ context.Context, old, tcp *apiary.Ten
 		return nil, nil
 	}
 	errs := Validate(tcp)
+	errs = append(errs, w.Policy.Validate(tcp)...)
 	errs = append(errs, ValidateUpdate(old, tcp)...)
+	if old.Spec.DataStore != tcp.Spec.DataStore {
+		dsErrs, err := w.dataStoreAdmits(ctx, tcp)
+		if err != nil {
+			return nil, err
+		}
+		errs = append(errs, dsErrs...)
+	}
 	return warnings(tcp), invalid(tcp, errs)
 }
 

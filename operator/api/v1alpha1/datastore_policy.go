@@ -1,6 +1,12 @@
 package v1alpha1
 
-import "k8s.io/apimachinery/pkg/api/resource"
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
 
 // QuotaFor is the budget a tenant is held to on a DataStore with this
 // policy: per field, the tenant's override capped by Max (or by Default
@@ -45,3 +51,16 @@ func pick[T any](want, def, limit *T, more func(a, b *T) bool) (*T, bool) {
 
 // IsZero says the budget limits nothing.
 func (q TenantQuota) IsZero() bool { return q.Bytes == nil && q.Objects == nil }
+
+// Admits says whether the DataStore takes tenants of a namespace with
+// these labels (spec.namespaceSelector; unset admits all).
+func (ds *DataStore) Admits(namespaceLabels map[string]string) (bool, error) {
+	if ds.Spec.NamespaceSelector == nil {
+		return true, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.NamespaceSelector)
+	if err != nil {
+		return false, fmt.Errorf("DataStore %s: spec.namespaceSelector: %w", ds.Name, err)
+	}
+	return sel.Matches(labels.Set(namespaceLabels)), nil
+}

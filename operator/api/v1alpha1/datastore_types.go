@@ -129,6 +129,13 @@ type DataStoreSpec struct {
 	// per-tenant limit (only etcd's backend quota, shared by all).
 	// +optional
 	TenantQuota *TenantQuotaPolicy `json:"tenantQuota,omitempty"`
+	// NamespaceSelector selects the namespaces whose tenants may use this
+	// DataStore (named in spec.dataStore, or placed on it). Unset: every
+	// namespace. A tenant of another namespace is refused by the webhook
+	// and, if it got past it, by the controller (DataStoreReady False,
+	// NamespaceNotAllowed).
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 }
 
 // DataStoreStatus is the observed state of a DataStore.

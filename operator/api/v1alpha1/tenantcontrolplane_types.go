@@ -235,6 +235,11 @@ const (
 	// quota allows. False (QuotaExceeded) while its API server refuses
 	// creates and updates.
 	ConditionWithinQuota = "WithinQuota"
+	// ConditionNetworkIsolated: the tenant's NetworkPolicy keeps its
+	// control plane from the management cluster's pods, Services and
+	// nodes (but for DNS and its DataStore). False when the operator does
+	// not know the pod ranges, or applies no policies.
+	ConditionNetworkIsolated = "NetworkIsolated"
 	ConditionReady       = "Ready"
 
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
