@@ -12,7 +12,7 @@ import (
 
 // Quote makes s one word for a POSIX shell, whatever it holds: it is put
 // in single quotes, inside which the shell interprets nothing, and each
-// single quote in s is closed, escaped and reopened ('\''). Every value a
+// single quote in s is closed, escaped and reopened ('\”). Every value a
 // script interpolates goes through it, validated first.
 func Quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

@@ -56,4 +56,3 @@ func TestManagementRanges(t *testing.T) {
 		t.Fatalf("given ranges: %t %s", ok, reason)
 	}
 }
-

@@ -240,7 +240,7 @@ const (
 	// nodes (but for DNS and its DataStore). False when the operator does
 	// not know the pod ranges, or applies no policies.
 	ConditionNetworkIsolated = "NetworkIsolated"
-	ConditionReady       = "Ready"
+	ConditionReady           = "Ready"
 
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
