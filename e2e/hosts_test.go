@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -575,6 +576,37 @@ func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image 
 		t.Errorf("%d Nodes named survivor", n)
 	}
 	noJoinTokenLeft(t, e, cs)
+
+	// Its key Secret deleted first (as a namespace deletion may do), the
+	// Host cannot reset the machine: it is let go, with a Warning that
+	// says what stays there, and its Node still goes.
+	if err := e.C.Delete(e.Ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: framework.TenantsNS, Name: "survivor-ssh"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.C.Delete(e.Ctx, host); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "Host survivor let go without its key", 2*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), &apiary.Host{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	framework.Eventually(t, "HostNotReset warning", 30*time.Second, func() error {
+		var list eventsv1.EventList
+		if err := e.C.List(e.Ctx, &list, client.InNamespace(framework.TenantsNS)); err != nil {
+			return err
+		}
+		for _, ev := range list.Items {
+			if ev.Regarding.Name == "survivor" && ev.Reason == controllers.ReasonHostNotReset && ev.Type == corev1.EventTypeWarning {
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s event for Host survivor", controllers.ReasonHostNotReset)
+	})
+	if _, err := cs.CoreV1().Nodes().Get(e.Ctx, "survivor", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Node survivor after its Host was let go: %v", err)
+	}
 }
 
 // everyServerHasAgents reads konnectivity-server's metrics (health port,

@@ -105,14 +105,11 @@ func Install(ctx context.Context, c *Client, b *Bundle) error {
 	if _, err := c.RunScript(ctx, fmt.Sprintf("set -e\nmkdir -p %s %s\nchmod 0700 %s\n", bundleDir, stagingDir, stateDir)); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	sc, err := sftp.NewClient(c.c)
+	sc, err := c.sftp(ctx)
 	if err != nil {
-		return &Error{ReasonCommandFailed, fmt.Errorf("install: starting SFTP: %w", err)}
+		return err
 	}
 	defer sc.Close()
-	// SFTP calls take no context: closing the client ends a stalled copy.
-	stop := context.AfterFunc(ctx, func() { _ = sc.Close() })
-	defer stop()
 
 	var verify, extract strings.Builder
 	for _, l := range b.layers {
@@ -151,6 +148,47 @@ func Install(ctx context.Context, c *Client, b *Bundle) error {
 		return fmt.Errorf("install: %w", err)
 	}
 	return nil
+}
+
+// sftp opens an SFTP session that obeys ctx. SFTP calls, the handshake
+// included, take no context: a host that stops answering would hold the
+// step forever, so the SSH session under the client is closed when ctx
+// ends, which fails whatever call waits on it.
+func (c *Client) sftp(ctx context.Context) (*sftp.Client, error) {
+	s, err := c.c.NewSession()
+	if err != nil {
+		return nil, &Error{ReasonUnreachable, fmt.Errorf("install: opening an SSH session for SFTP: %w", err)}
+	}
+	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
+	fail := func(what string, err error) (*sftp.Client, error) {
+		stop()
+		_ = s.Close()
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return nil, &Error{ReasonCommandFailed, fmt.Errorf("install: %s: %w", what, err)}
+	}
+	w, err := s.StdinPipe()
+	if err != nil {
+		return fail("starting SFTP", err)
+	}
+	r, err := s.StdoutPipe()
+	if err != nil {
+		return fail("starting SFTP", err)
+	}
+	if err := s.RequestSubsystem("sftp"); err != nil {
+		return fail("starting SFTP", err)
+	}
+	sc, err := sftp.NewClientPipe(r, w)
+	if err != nil {
+		return fail("starting SFTP (handshake)", err)
+	}
+	go func() {
+		_ = sc.Wait()
+		stop()
+		_ = s.Close()
+	}()
+	return sc, nil
 }
 
 // upload copies one layer unless the host has it with the right digest.

@@ -26,6 +26,8 @@ const (
 	// ReasonInvalidInput: a value bound for the host's shell is not of the
 	// strict form it must have (nothing was run).
 	ReasonInvalidInput = "InvalidInput"
+	// ReasonHostBusy: another operator holds the host's lock (LockPath).
+	ReasonHostBusy = "HostBusy"
 )
 
 // Error is a failure with a reason for conditions.
@@ -179,7 +181,7 @@ func (c *Client) RunScript(ctx context.Context, script string) (string, error) {
 	stdout := &boundedBuffer{limit: MaxOutput, full: overflow}
 	stderr := &tailBuffer{limit: maxStderr}
 	s.Stdout, s.Stderr = stdout, stderr
-	s.Stdin = strings.NewReader(script)
+	s.Stdin = strings.NewReader(lockPrelude() + script)
 	cmd := "sh -s"
 	if c.user != "root" {
 		cmd = "sudo -n sh -s"
@@ -197,11 +199,33 @@ func (c *Client) RunScript(ctx context.Context, script string) (string, error) {
 		if stdout.exceeded() {
 			return "", &Error{ReasonCommandFailed, fmt.Errorf("%s: stopped after more than %d MiB of output", cmd, MaxOutput>>20)}
 		}
+		var exit *ssh.ExitError
+		if errors.As(err, &exit) && exit.ExitStatus() == lockedExit {
+			return stdout.String(), &Error{ReasonHostBusy, fmt.Errorf("%s", strings.TrimSpace(stderr.String()))}
+		}
 		if err != nil {
 			return stdout.String(), &Error{ReasonCommandFailed, fmt.Errorf("%s: %w: %s", cmd, err, strings.TrimSpace(stderr.String()))}
 		}
 		return stdout.String(), nil
 	}
+}
+
+// LockPath is the lock every script takes on the host (on tmpfs: nothing
+// persists). Two operators that each think they lead (the old leader has
+// not yet noticed it lost its lease) never run steps on one host at once:
+// the second finds the lock held and fails with ReasonHostBusy, retried
+// with the step's backoff.
+var LockPath = "/run/apiary-agent.lock"
+
+// lockedExit is the exit status of a script that found the lock held
+// (EX_TEMPFAIL).
+const lockedExit = 75
+
+func lockPrelude() string {
+	return fmt.Sprintf(`command -v flock >/dev/null 2>&1 || { echo "flock is not installed (util-linux): the agent takes a lock on the host for every step" >&2; exit 127; }
+exec 9>>%[1]s || exit %[2]d
+flock -n 9 || { echo "another Apiary operator runs a step on this host now (%[1]s is held)" >&2; exit %[2]d; }
+`, Quote(LockPath), lockedExit)
 }
 
 // boundedBuffer keeps up to limit bytes and closes full once more arrive;

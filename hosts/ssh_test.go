@@ -9,9 +9,19 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/pem"
+	"errors"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/pkg/sftp"
+	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +64,11 @@ func startSSHServer(t *testing.T, authorized ssh.PublicKey) *sshServer {
 type serverOptions struct {
 	hostKeys []ssh.Signer
 	endless  bool
+	// shell runs exec requests with /bin/sh on this machine.
+	shell bool
+	// sftp is how the sftp subsystem misbehaves: "stall-handshake" (never
+	// answers), "stall-write" (answers, then never acknowledges a write).
+	sftp string
 }
 
 // stockHostKeys are the rsa, ecdsa and ed25519 keys a stock Debian or
@@ -102,13 +117,14 @@ func startSSHServerWith(t *testing.T, authorized ssh.PublicKey, o serverOptions)
 			if err != nil {
 				return
 			}
-			go serveSSH(conn, cfg, o.endless)
+			go serveSSH(conn, cfg, o)
 		}
 	}()
 	return &sshServer{addr: l.Addr().String(), hostKey: o.hostKeys[len(o.hostKeys)-1].PublicKey()}
 }
 
-func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, endless bool) {
+func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, o serverOptions) {
+	endless := o.endless
 	_, chans, reqs, err := ssh.NewServerConn(conn, cfg)
 	if err != nil {
 		conn.Close()
@@ -123,6 +139,11 @@ func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, endless bool) {
 		go func() {
 			defer ch.Close()
 			for req := range creqs {
+				if req.Type == "subsystem" && o.sftp != "" {
+					_ = req.Reply(true, nil)
+					serveStallingSFTP(ch, o.sftp)
+					return
+				}
 				if req.Type != "exec" {
 					_ = req.Reply(false, nil)
 					continue
@@ -135,6 +156,23 @@ func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, endless bool) {
 							return
 						}
 					}
+				}
+				if o.shell {
+					// Run the command here, as sshd would on a host.
+					var payload struct{ Command string }
+					_ = ssh.Unmarshal(req.Payload, &payload)
+					cmd := exec.Command("/bin/sh", "-c", payload.Command)
+					cmd.Stdin, cmd.Stdout, cmd.Stderr = ch, ch, ch.Stderr()
+					status := uint32(0)
+					if err := cmd.Run(); err != nil {
+						status = 1
+						var exit *exec.ExitError
+						if errors.As(err, &exit) {
+							status = uint32(exit.ExitCode())
+						}
+					}
+					_, _ = ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{status}))
+					return
 				}
 				var in bytes.Buffer
 				_, _ = in.ReadFrom(ch)
@@ -164,7 +202,7 @@ func TestDialPinnedHostKey(t *testing.T) {
 	}
 	out, err := c.RunScript(ctx, "echo hello\n")
 	c.Close()
-	if err != nil || out != "ran:echo hello\n" {
+	if err != nil || !strings.HasPrefix(out, "ran:") || !strings.HasSuffix(out, "echo hello\n") || !strings.Contains(out, "flock -n 9") {
 		t.Fatalf("RunScript: %q, %v", out, err)
 	}
 
@@ -267,5 +305,105 @@ func TestRunScriptBoundsOutput(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Errorf("stopped by the deadline, not by the bound")
+	}
+}
+
+// TestRunScriptTakesTheHostLock: a script runs only while it holds the
+// host's lock; one that finds it held (another operator's step) fails with
+// HostBusy and runs nothing, and runs once the lock is free.
+func TestRunScriptTakesTheHostLock(t *testing.T) {
+	old := LockPath
+	LockPath = filepath.Join(t.TempDir(), "agent.lock")
+	t.Cleanup(func() { LockPath = old })
+	client, clientPEM := newKey(t)
+	host, _ := newKey(t)
+	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, shell: true})
+	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	marker := filepath.Join(t.TempDir(), "ran")
+	script := "touch " + Quote(marker) + "\necho ran\n"
+
+	// The other operator: holds the lock as flock(1) would.
+	f, err := os.OpenFile(LockPath, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.RunScript(t.Context(), script)
+	if ReasonOf(err) != ReasonHostBusy || !strings.Contains(err.Error(), "another Apiary operator runs a step on this host now") {
+		t.Fatalf("lock held: reason %q, %v", ReasonOf(err), err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("the script ran while the lock was held: %v", err)
+	}
+	f.Close() // releases the lock
+	out, err := c.RunScript(t.Context(), script)
+	if err != nil || strings.TrimSpace(out) != "ran" {
+		t.Fatalf("lock free: %q, %v", out, err)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the script did not run: %v", err)
+	}
+}
+
+// serveStallingSFTP plays a host whose SFTP server stops answering.
+func serveStallingSFTP(ch ssh.Channel, how string) {
+	if how == "stall-handshake" {
+		_, _ = io.Copy(io.Discard, ch)
+		return
+	}
+	stalled := make(chan struct{})
+	handlers := sftp.InMemHandler()
+	handlers.FilePut = stallingWriter{stalled}
+	srv := sftp.NewRequestServer(ch, handlers)
+	_ = srv.Serve()
+	close(stalled)
+}
+
+type stallingWriter struct{ until chan struct{} }
+
+func (w stallingWriter) Filewrite(*sftp.Request) (io.WriterAt, error) { return w, nil }
+func (w stallingWriter) WriteAt([]byte, int64) (int, error) {
+	<-w.until
+	return 0, io.ErrClosedPipe
+}
+
+// TestInstallObeysItsContext: a host whose SFTP server stalls, in the
+// handshake or in the middle of a copy, fails the install when its
+// context ends instead of holding the operator's worker.
+func TestInstallObeysItsContext(t *testing.T) {
+	layer, err := random.Layer(1<<20, types.DockerLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := &Bundle{Ref: "example/bundle@sha256:0", layers: []v1.Layer{layer}}
+	for _, how := range []string{"stall-handshake", "stall-write"} {
+		t.Run(how, func(t *testing.T) {
+			client, clientPEM := newKey(t)
+			host, _ := newKey(t)
+			srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, sftp: how})
+			c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			start := time.Now()
+			err = Install(ctx, c, bundle)
+			took := time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), "context deadline exceeded") {
+				t.Fatalf("install on a stalled host: %v", err)
+			}
+			if took > 10*time.Second {
+				t.Fatalf("install returned %s after its 2 s deadline", took)
+			}
+			t.Logf("stalled install ended after %s: %v", took.Round(time.Millisecond), err)
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -78,6 +80,10 @@ type HostReconciler struct {
 	Now func() time.Time
 
 	statuses statusMemo[apiary.HostStatus]
+	// started remembers the steps this process started (Host UID and step
+	// → start second): a Running step it did not start was left by an
+	// earlier operator, which may have died of it.
+	started sync.Map
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=hosts,verbs=get;list;watch;update;patch
@@ -179,11 +185,22 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 				return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
 			}
 		}
+		if step != nil && step.Result == StepRunning && !r.startedHere(h.UID, step) {
+			// Left Running by an earlier operator (or leader), which may
+			// have died of it: resuming is another attempt, with the
+			// backoff of one, so that a step that kills the operator
+			// does not run in a loop.
+			if wait := r.resumeAfter(step); wait > 0 {
+				st.Phase = s.phase
+				return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
+			}
+			step = nil
+		}
 		if step == nil || step.Result != StepRunning {
 			// Journal the start before touching the host: a step found
 			// Running after a restart is resumed (every step is
 			// idempotent).
-			r.startStep(st, s.name)
+			r.startStep(h, s.name)
 			st.Phase = s.phase
 			return ctrl.Result{Requeue: true}, r.writeStatus(ctx, &orig, h)
 		}
@@ -269,8 +286,10 @@ func (r *HostReconciler) succeedStep(step *apiary.HostStep, msg string) {
 	step.Finished, step.Result, step.Message = &finished, StepSucceeded, msg
 }
 
-// startStep records that a step begins (again).
-func (r *HostReconciler) startStep(st *apiary.HostStatus, name string) *apiary.HostStep {
+// startStep records that a step begins (again), and that this process
+// started it.
+func (r *HostReconciler) startStep(h *apiary.Host, name string) *apiary.HostStep {
+	st := &h.Status
 	step := journalStep(st, name)
 	if step == nil {
 		st.Journal = append(st.Journal, apiary.HostStep{Name: name})
@@ -278,7 +297,25 @@ func (r *HostReconciler) startStep(st *apiary.HostStatus, name string) *apiary.H
 	}
 	step.Started, step.Finished, step.Result, step.Message = metav1.NewTime(r.Now()), nil, StepRunning, ""
 	step.Attempts++
+	r.started.Store(startKey(h.UID, name), step.Started.Unix())
 	return step
+}
+
+func startKey(uid types.UID, step string) string { return string(uid) + "/" + step }
+
+// startedHere says whether this process started the Running step (status
+// keeps its start to the second).
+func (r *HostReconciler) startedHere(uid types.UID, step *apiary.HostStep) bool {
+	v, ok := r.started.Load(startKey(uid, step.Name))
+	return ok && v.(int64) == step.Started.Unix()
+}
+
+// resumeAfter is how long a step left Running waits before it is tried
+// again: the backoff of its attempts, from its start.
+func (r *HostReconciler) resumeAfter(step *apiary.HostStep) time.Duration {
+	s := *step
+	s.Finished = &s.Started
+	return r.retryAfter(&s)
 }
 
 // install copies the node bundle of the tenant's version to the host and

@@ -36,6 +36,8 @@ import (
 
 const (
 	StepJoin = "join"
+	// StepDrain evicts a deleted Host's pods, a pass per reconcile.
+	StepDrain = "drain"
 	// HostFinalizer resets the host and removes its Node before the Host
 	// goes away.
 	HostFinalizer = "apiary.dev/host-cleanup"
@@ -45,10 +47,15 @@ const (
 	ReasonJoined         = "Joined"
 	ReasonNodeNotFound   = "NodeNotFound"
 	ReasonCleanupFailed  = "CleanupFailed"
+	// ReasonHostNotReset: a deleted Host was let go without a reset (its
+	// key Secret or namespace is gone).
+	ReasonHostNotReset = "HostNotReset"
 
 	// joinTokenTTL bounds a join token's life should the operator never
 	// get to delete it.
 	joinTokenTTL = time.Hour
+	// drainPoll is how often a drain looks again at the pods left.
+	drainPoll = 2 * time.Second
 	// drainTimeout bounds how long eviction is tried before the host is
 	// reset anyway.
 	drainTimeout = 2 * time.Minute
@@ -409,23 +416,50 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 	installed := journalStep(st, StepInstall) != nil
 	ta, _, tenantErr := r.tenant(ctx, h)
 	if ta != nil && st.NodeName != "" {
-		st.Phase = apiary.HostPhaseDraining
-		if err := r.drain(ctx, ta, st.NodeName); err != nil {
-			log.FromContext(ctx).Info("drain incomplete; resetting anyway", "node", st.NodeName, "error", err.Error())
+		// One eviction pass per reconcile, requeued while pods remain:
+		// a drain waiting on a PodDisruptionBudget must not hold one of
+		// the operator's workers for minutes.
+		step := journalStep(st, StepDrain)
+		if step == nil || (step.Result != StepRunning && step.Finished == nil) {
+			step = r.startStep(h, StepDrain)
+		}
+		if step.Result == StepRunning {
+			st.Phase = apiary.HostPhaseDraining
+			remaining, err := r.drainOnce(ctx, ta, st.NodeName)
+			switch {
+			case err == nil && remaining == 0:
+				r.succeedStep(step, "every pod evicted from Node "+st.NodeName)
+			case r.Now().Sub(step.Started.Time) >= drainTimeout:
+				finished := metav1.NewTime(r.Now())
+				step.Finished, step.Result = &finished, StepFailed
+				step.Message = fmt.Sprintf("gave up after %s, resetting anyway: %d pods left on Node %s (%v)", drainTimeout, remaining, st.NodeName, err)
+				log.FromContext(ctx).Info("drain incomplete; resetting anyway", "node", st.NodeName, "pods", remaining, "error", fmt.Sprint(err))
+			default:
+				step.Message = fmt.Sprintf("%d pods still on Node %s (evictions respect PodDisruptionBudgets; %v)", remaining, st.NodeName, err)
+				return false, ctrl.Result{RequeueAfter: drainPoll}
+			}
 		}
 	}
 	if installed {
 		st.Phase = apiary.HostPhaseResetting
-		c, _, err := r.connect(ctx, h)
-		if err != nil {
+		c, reason, err := r.connect(ctx, h)
+		switch {
+		case err != nil && reason == ReasonSecretNotFound, err != nil && r.namespaceGoing(ctx, h.Namespace):
+			// The key is gone, or is going with the namespace: the host
+			// cannot be reached again, and waiting would wedge the
+			// deletion (of the namespace too). Let go, and say what stays.
+			r.Recorder.Eventf(h, nil, corev1.EventTypeWarning, ReasonHostNotReset, "Cleanup",
+				"the host at %s was not reset (%v): its kubelet, the node software and /etc/kubernetes stay there; run kubeadm reset -f on it", h.Spec.Address, err)
+		case err != nil:
 			return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
-		}
-		resetCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		_, err = hosts.Reset(resetCtx, c)
-		cancel()
-		c.Close()
-		if err != nil {
-			return fail(err.Error())
+		default:
+			resetCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+			_, err = hosts.Reset(resetCtx, c)
+			cancel()
+			c.Close()
+			if err != nil {
+				return fail(err.Error())
+			}
 		}
 	}
 	if ta != nil {
@@ -448,51 +482,49 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 	return true, ctrl.Result{}
 }
 
-// drain cordons the Node and evicts its pods (not DaemonSet or mirror
-// pods), respecting PodDisruptionBudgets, for up to drainTimeout.
-func (r *HostReconciler) drain(ctx context.Context, ta *tenantAccess, name string) error {
+// namespaceGoing says whether the namespace is being deleted (its Secrets
+// go with it, in no order the Host can rely on).
+func (r *HostReconciler) namespaceGoing(ctx context.Context, name string) bool {
+	var ns corev1.Namespace
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: name}, &ns); err != nil {
+		return apierrors.IsNotFound(err)
+	}
+	return !ns.DeletionTimestamp.IsZero()
+}
+
+// drainOnce cordons the Node and asks once to evict each of its pods (not
+// DaemonSet or mirror pods, which the Node's deletion takes), respecting
+// PodDisruptionBudgets. It returns how many remain.
+func (r *HostReconciler) drainOnce(ctx context.Context, ta *tenantAccess, name string) (int, error) {
 	node, err := ta.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !node.Spec.Unschedulable {
 		node.Spec.Unschedulable = true
 		if _, err := ta.cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner}); err != nil {
-			return fmt.Errorf("cordoning %s: %w", name, err)
+			return 0, fmt.Errorf("cordoning %s: %w", name, err)
 		}
 	}
-	deadline := r.Now().Add(drainTimeout)
-	for {
-		pods, err := ta.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
-		if err != nil {
-			return err
+	pods, err := ta.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+	if err != nil {
+		return 0, err
+	}
+	remaining := 0
+	for _, p := range pods.Items {
+		if isDaemonSetPod(&p) || p.Annotations[corev1.MirrorPodAnnotationKey] != "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
 		}
-		remaining := 0
-		for _, p := range pods.Items {
-			if isDaemonSetPod(&p) || p.Annotations[corev1.MirrorPodAnnotationKey] != "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-				continue
-			}
-			remaining++
-			ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
-			if err := ta.cs.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
-				return fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
-			}
-		}
-		if remaining == 0 {
-			return nil
-		}
-		if r.Now().After(deadline) {
-			return fmt.Errorf("%d pods still on %s after %s", remaining, name, drainTimeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Second):
+		remaining++
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
+		if err := ta.cs.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
+			return remaining, fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
 		}
 	}
+	return remaining, nil
 }
 
 func isDaemonSetPod(p *corev1.Pod) bool {

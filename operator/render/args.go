@@ -162,7 +162,13 @@ func apiServerDefaults(in Inputs) map[string]string {
 		// would be accepted, because the cache learns the compacted
 		// revision only from etcd's compact_rev_key, outside the tenant's
 		// prefix.
-		featureGates:                         "ListFromCacheSnapshot=false",
+		featureGates: "ListFromCacheSnapshot=false",
+		// Kubelets serve with certificates the tenant's CA signed (the
+		// host agent approves their serving CSRs for the Host's own name
+		// and address only): the API server checks them, so that a
+		// machine answering at a Node's address cannot pose as its
+		// kubelet for logs, exec and port-forward.
+		"kubelet-certificate-authority":      pathCACert,
 		"kubelet-client-certificate":         pathKubeletClientCert,
 		"kubelet-client-key":                 pathKubeletClientKey,
 		"kubelet-preferred-address-types":    "InternalIP,ExternalIP,Hostname",
