@@ -16,6 +16,10 @@
 //	go test -tags integration -run '^$' -bench BenchmarkOperatorMemoryPerTenant -benchtime=1x -count=1 ./bench/...
 //	go test -tags integration -run '^$' -bench BenchmarkOperatorProcessRSS -benchtime=1x -count=1 ./bench/...
 //
+// BenchmarkTenantUsageScan and BenchmarkTenantUsageWatch (integration tag)
+// run a real etcd and measure what a tenant's datastore quota costs: the
+// first scan of a tenant, and a write's way to the operator's count.
+//
 // `make bench` runs everything. It takes about 5 minutes on 2 cores, mostly
 // BenchmarkOperatorProcessRSS waiting on the operator's client-side rate
 // limit (see docs/benchmarks.md).
