@@ -7,9 +7,11 @@ package charts_test
 import (
 	"bytes"
 	"flag"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -52,6 +54,7 @@ func TestHelmTemplateGolden(t *testing.T) {
 		"default":      nil,
 		"cert-manager": {"--set", "webhook.certManager.enabled=true"},
 		"dev":          {"--set", "replicaCount=1,defaultDataStore.managed.storage.emptyDir=true,operator.imageRepository=mirror.example.com/k8s"},
+		"namespaced":   {"--set", "operator.tenantNamespaces={team-a,team-b}"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := helm(t, append([]string{"template", "apiary", "apiary", "--namespace", "apiary-system"}, set...)...)
@@ -103,5 +106,79 @@ func TestHelmRBACMatchesGenerated(t *testing.T) {
 	b, _ := yaml.Marshal(generated.Rules)
 	if len(generated.Rules) == 0 || !bytes.Equal(a, b) {
 		t.Errorf("chart ClusterRole rules differ from files/rbac/role.yaml:\n%s\nvs\n%s", a, b)
+	}
+}
+
+// With operator.tenantNamespaces, the generated rules are split, none lost
+// and none widened: the cluster-scoped resources stay in the ClusterRole,
+// every other resource is granted by a Role in each of those namespaces and
+// the release's, and nothing namespaced is granted cluster-wide.
+func TestHelmRBACNarrowedToNamespaces(t *testing.T) {
+	got := helm(t, "template", "apiary", "apiary", "--namespace", "apiary-system",
+		"--set", "operator.tenantNamespaces={team-a,team-b}", "--show-only", "templates/rbac.yaml")
+	type rule struct {
+		APIGroups []string `json:"apiGroups"`
+		Resources []string `json:"resources"`
+		Verbs     []string `json:"verbs"`
+	}
+	type object struct {
+		Kind     string `json:"kind"`
+		Metadata struct{ Name, Namespace string }
+		Rules    []rule `json:"rules"`
+	}
+	grants := func(rules []rule) map[string]bool {
+		out := map[string]bool{}
+		for _, r := range rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						out[g+"/"+res+":"+v] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	var clusterRole []rule
+	roles := map[string][]rule{}
+	for _, doc := range strings.Split(got, "\n---\n") {
+		var o object
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case o.Kind == "ClusterRole" && o.Metadata.Name == "apiary-operator":
+			clusterRole = o.Rules
+		case o.Kind == "Role" && o.Metadata.Name == "apiary-operator":
+			roles[o.Metadata.Namespace] = o.Rules
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join("apiary", "files", "rbac", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generated struct {
+		Rules []rule `json:"rules"`
+	}
+	if err := yaml.Unmarshal(raw, &generated); err != nil {
+		t.Fatal(err)
+	}
+	want := grants(generated.Rules)
+	for _, ns := range []string{"team-a", "team-b", "apiary-system"} {
+		if roles[ns] == nil {
+			t.Fatalf("no operator Role in namespace %s (have %v)", ns, slices.Sorted(maps.Keys(roles)))
+		}
+		union := grants(clusterRole)
+		maps.Copy(union, grants(roles[ns]))
+		if !maps.Equal(union, want) {
+			t.Errorf("namespace %s: ClusterRole + Role grant %v, want the generated %v", ns, slices.Sorted(maps.Keys(union)), slices.Sorted(maps.Keys(want)))
+		}
+	}
+	for g := range grants(clusterRole) {
+		for _, namespaced := range []string{"/secrets:", "/configmaps:", "/services:", "/pods:", "/deployments:", "/statefulsets:", "/networkpolicies:", "/tenantcontrolplanes:", "/hosts:"} {
+			if strings.Contains(g, namespaced) {
+				t.Errorf("granted cluster-wide: %s", g)
+			}
+		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -540,4 +541,48 @@ func fakeMetadataService(t *testing.T) *metadataService {
 		t.Fatal("the fake metadata service did not count the control request")
 	}
 	return m
+}
+
+// testOperatorRights: installed with operator.tenantNamespaces, the
+// operator's ServiceAccount may read Secrets in the tenants' namespace and
+// its own, and nowhere else (the API server's own answer, a
+// SubjectAccessReview); a tenant outside those namespaces is refused.
+func (e *env) testOperatorRights(t *testing.T) {
+	sa := "system:serviceaccount:" + framework.SystemNS + ":apiary"
+	for _, c := range []struct {
+		verb, resource, namespace string
+		want                      bool
+	}{
+		{"get", "secrets", framework.TenantsNS, true},
+		{"get", "secrets", framework.SystemNS, true},
+		{"get", "secrets", "default", false},
+		{"get", "secrets", "kube-system", false},
+		{"create", "deployments", "kube-system", false},
+		{"patch", "pods", "kube-system", false},
+		{"list", "nodes", "", true},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.SystemNS, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Resource: c.resource, Namespace: c.namespace, Group: groupOf(c.resource)},
+		}}
+		if err := e.C.Create(e.Ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != c.want {
+			t.Errorf("the operator may %s %s in namespace %q: %t, want %t (%s)", c.verb, c.resource, c.namespace, sar.Status.Allowed, c.want, sar.Status.Reason)
+		}
+	}
+	bad := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Namespace: "default"}}
+	err := e.C.Create(e.Ctx, bad, client.DryRunAll)
+	if err == nil || !strings.Contains(err.Error(), "manages TenantControlPlanes in namespaces ["+framework.TenantsNS+"] only") {
+		t.Fatalf("a tenant outside the operator's namespaces: %v", err)
+	}
+}
+
+func groupOf(resource string) string {
+	switch resource {
+	case "deployments":
+		return "apps"
+	}
+	return ""
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,12 @@ type Options struct {
 	// TenantPolicy is what the platform admin allows tenants (webhook and
 	// controller).
 	TenantPolicy webhooks.TenantPolicy
+	// TenantNamespaces, when set, are the only namespaces the operator
+	// works in (with its own, Policy.OperatorNamespace, for managed etcd):
+	// it caches and watches only there, and the chart grants its
+	// namespaced rights there only. TenantControlPlanes and Hosts
+	// elsewhere are refused at admission.
+	TenantNamespaces []string
 }
 
 // DefaultOptions are the flag defaults.
@@ -142,6 +149,19 @@ func metricsOptions(opts Options) metricsserver.Options {
 	return m
 }
 
+// managedNamespaces are the namespaces the operator works in (tenants',
+// and its own for managed etcd), or nil for every namespace.
+func managedNamespaces(opts Options) []string {
+	if len(opts.TenantNamespaces) == 0 {
+		return nil
+	}
+	out := slices.Clone(opts.TenantNamespaces)
+	if !slices.Contains(out, opts.Policy.OperatorNamespace) {
+		out = append(out, opts.Policy.OperatorNamespace)
+	}
+	return out
+}
+
 // policyInputs is nil when the operator applies no NetworkPolicies.
 func policyInputs(opts Options) *render.PolicyInputs {
 	if !opts.NetworkPolicies {
@@ -191,6 +211,12 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 				&networkingv1.NetworkPolicy{}:   owned,
 			}},
 	}
+	if namespaces := managedNamespaces(opts); namespaces != nil {
+		mgrOpts.Cache.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			mgrOpts.Cache.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
 	if opts.Webhooks {
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir})
 	}
@@ -205,6 +231,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		Recorder:        mgr.GetEventRecorder("apiary-datastore"),
 		DataStores:      pool,
 		CheckInterval:   opts.DataStoreCheckInterval,
+		Namespaces:      managedNamespaces(opts),
 		ClusterDomain:   opts.ClusterDomain,
 		ImageRepository: opts.ImageRepository,
 		NetworkPolicy:   policyInputs(opts),
@@ -260,11 +287,11 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		}
 	}
 	if opts.Webhooks {
-		if err := (webhooks.TenantControlPlane{Policy: opts.TenantPolicy}).Setup(mgr); err != nil {
+		if err := (webhooks.TenantControlPlane{Policy: opts.TenantPolicy, Namespaces: opts.TenantNamespaces}).Setup(mgr); err != nil {
 			pool.Close()
 			return nil, nil, fmt.Errorf("setting up webhooks: %w", err)
 		}
-		if err := (webhooks.Host{}).Setup(mgr); err != nil {
+		if err := (webhooks.Host{Namespaces: opts.TenantNamespaces}).Setup(mgr); err != nil {
 			pool.Close()
 			return nil, nil, fmt.Errorf("setting up webhooks: %w", err)
 		}

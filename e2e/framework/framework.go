@@ -84,8 +84,8 @@ func Setup(t testing.TB) *Env {
 	if e.CS, err = kubernetes.NewForConfig(e.Cfg); err != nil {
 		t.Fatal(err)
 	}
-	e.installChart()
-	// A previous run's namespace may still be terminating.
+	// A previous run's namespace may still be terminating. It comes before
+	// the chart, which grants the operator its rights there.
 	Eventually(t, "namespace "+TenantsNS+" created", 3*time.Minute, func() error {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: TenantsNS}}
 		err := e.C.Create(e.Ctx, ns)
@@ -100,6 +100,7 @@ func Setup(t testing.TB) *Env {
 		}
 		return err
 	})
+	e.installChart()
 	t.Cleanup(e.cleanup)
 	return e
 }
@@ -128,6 +129,9 @@ func (e *Env) installChart() {
 		"--set", "operator.nodeBundle.insecure=true",
 		// The NetworkPolicy test's tenant runs without konnectivity.
 		"--set", "tenantPolicy.konnectivityOptionalNamespaces={"+TenantsNS+"}",
+		// The operator's namespaced rights in the tenants' namespace and
+		// its own only: the whole suite runs least-privileged.
+		"--set", "operator.tenantNamespaces={"+TenantsNS+"}",
 		"--wait", "--timeout", "5m")
 	e.T.Logf("helm install: %s", time.Since(start).Round(time.Millisecond))
 	// helm --wait returns when the new pods are ready; a replaced operator
@@ -150,7 +154,7 @@ func (e *Env) installChart() {
 	// helm --wait sees the operator pods ready; the webhook Service may take
 	// a moment more to route to them.
 	e.Eventually("the webhooks answer", time.Minute, func() error {
-		probe := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: "default"}}
+		probe := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: TenantsNS}}
 		return e.C.Create(e.Ctx, probe, client.DryRunAll)
 	})
 	e.Eventually("DataStore default Ready", 5*time.Minute, func() error {

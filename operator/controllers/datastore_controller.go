@@ -62,6 +62,8 @@ type DataStoreReconciler struct {
 	DataStores *datastore.Pool
 	// CheckInterval overrides DefaultDataStoreCheckInterval.
 	CheckInterval time.Duration
+	// Namespaces, when set, are the only namespaces the operator works in.
+	Namespaces []string
 	// ClusterDomain is the management cluster's DNS domain (managed etcd
 	// member names).
 	ClusterDomain string
@@ -122,6 +124,31 @@ func tenantChangesDataStore() predicate.Predicate {
 	}}
 }
 
+// ReasonNamespaceNotManaged: what a DataStore needs lies in a namespace
+// the operator does not work in (--tenant-namespaces).
+const ReasonNamespaceNotManaged = "NamespaceNotManaged"
+
+// outsideNamespaces says why a DataStore needs a namespace the operator
+// may not work in, or "".
+func (r *DataStoreReconciler) outsideNamespaces(ds *apiary.DataStore) string {
+	if len(r.Namespaces) == 0 {
+		return ""
+	}
+	var need []string
+	if m := ds.Spec.Managed; m != nil {
+		need = append(need, m.Namespace)
+	}
+	if t := ds.Spec.TLS; t != nil {
+		need = append(need, t.CASecretRef.Namespace, t.ClientSecretRef.Namespace)
+	}
+	for _, ns := range need {
+		if !slices.Contains(r.Namespaces, ns) {
+			return fmt.Sprintf("the operator works in namespaces %v only (--tenant-namespaces and its own), and this DataStore needs namespace %s (its managed members or its Secrets)", r.Namespaces, ns)
+		}
+	}
+	return ""
+}
+
 // Reconcile checks one DataStore.
 func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var orig apiary.DataStore
@@ -153,6 +180,10 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		ds.Finalizers, ds.ResourceVersion = orig.Finalizers, orig.ResourceVersion
 	}
 
+	if why := r.outsideNamespaces(ds); why != "" {
+		r.set(ds, apiary.ConditionReady, metav1.ConditionFalse, ReasonNamespaceNotManaged, why)
+		return ctrl.Result{}, r.writeStatus(ctx, &orig, ds)
+	}
 	ds.Status.Endpoints, _ = connection(ds, r.ClusterDomain)
 	interval := r.CheckInterval
 	if interval == 0 {

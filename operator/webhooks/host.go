@@ -34,6 +34,8 @@ import (
 type Host struct {
 	// Client creates SubjectAccessReviews; nil skips that check.
 	Client client.Client
+	// Namespaces the operator works in (empty: all).
+	Namespaces []string
 }
 
 // Setup registers the webhook.
@@ -43,7 +45,7 @@ func (w Host) Setup(mgr ctrl.Manager) error {
 }
 
 func (w Host) ValidateCreate(ctx context.Context, h *apiary.Host) (admission.Warnings, error) {
-	errs := ValidateHost(h)
+	errs := append(ValidateHost(h), namespaceManaged(w.Namespaces, "Host", h.Namespace)...)
 	if len(errs) == 0 {
 		var err error
 		if errs, err = w.mayReadKey(ctx, h); err != nil {

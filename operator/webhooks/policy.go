@@ -31,3 +31,14 @@ func (p TenantPolicy) Validate(tcp *apiary.TenantControlPlane) field.ErrorList {
 	}
 	return errs
 }
+
+// namespaceManaged refuses an object outside the operator's namespaces
+// (--tenant-namespaces; none given: every namespace). The operator neither
+// watches nor may touch anything there.
+func namespaceManaged(namespaces []string, kind, namespace string) field.ErrorList {
+	if len(namespaces) == 0 || slices.Contains(namespaces, namespace) {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("metadata", "namespace"),
+		fmt.Sprintf("the Apiary operator manages %ss in namespaces %v only (--tenant-namespaces, chart value operator.tenantNamespaces): one in namespace %s would never be reconciled", kind, namespaces, namespace))}
+}

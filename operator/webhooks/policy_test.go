@@ -75,3 +75,22 @@ func TestNameCollisions(t *testing.T) {
 		t.Errorf("a-konnectivity beside a: %v", errs)
 	}
 }
+
+func TestNamespaceManaged(t *testing.T) {
+	w := TenantControlPlane{Namespaces: []string{"team-a"}}
+	p := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "team-b"}}
+	p.Default()
+	_, err := w.ValidateCreate(t.Context(), p)
+	if err == nil || !strings.Contains(err.Error(), "metadata.namespace") || !strings.Contains(err.Error(), "manages TenantControlPlanes in namespaces [team-a] only") {
+		t.Fatalf("tenant outside the operator's namespaces: %v", err)
+	}
+	p.Namespace = "team-a"
+	if _, err := w.ValidateCreate(t.Context(), p); err != nil {
+		t.Fatalf("tenant in the operator's namespaces: %v", err)
+	}
+	h := validHost()
+	h.Namespace = "team-b"
+	if _, err := (Host{Namespaces: []string{"team-a"}}).ValidateCreate(t.Context(), h); err == nil || !strings.Contains(err.Error(), "manages Hosts in namespaces [team-a] only") {
+		t.Fatalf("Host outside the operator's namespaces: %v", err)
+	}
+}

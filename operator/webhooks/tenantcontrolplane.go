@@ -46,6 +46,8 @@ type TenantControlPlane struct {
 	// Reader lists the other tenants of a namespace (object names must
 	// not collide); nil skips that check.
 	Reader client.Reader
+	// Namespaces the operator works in (empty: all).
+	Namespaces []string
 }
 
 // Setup registers the webhooks with the manager.
@@ -66,6 +68,10 @@ func (TenantControlPlane) Default(_ context.Context, tcp *apiary.TenantControlPl
 // ValidateCreate checks a new TenantControlPlane.
 func (w TenantControlPlane) ValidateCreate(ctx context.Context, tcp *apiary.TenantControlPlane) (admission.Warnings, error) {
 	errs := append(Validate(tcp), w.Policy.Validate(tcp)...)
+	if nsErrs := namespaceManaged(w.Namespaces, "TenantControlPlane", tcp.Namespace); len(nsErrs) > 0 {
+		// The operator's cache holds nothing of that namespace.
+		return warnings(tcp), invalid(tcp, append(errs, nsErrs...))
+	}
 	if w.Reader != nil {
 		var others apiary.TenantControlPlaneList
 		if err := w.Reader.List(ctx, &others, client.InNamespace(tcp.Namespace)); err != nil {

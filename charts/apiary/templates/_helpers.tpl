@@ -35,3 +35,27 @@ app.kubernetes.io/component: operator
 {{- range $k, $v := . }}{{ $out = append $out (printf "%s=%s" $k $v) }}{{ end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/*
+apiary.scopedRules keeps, of each generated rule, the resources that are
+cluster-scoped (cluster=true) or namespaced (cluster=false); rules left
+without resources are dropped.
+*/}}
+{{- define "apiary.scopedRules" -}}
+{{- $clusterScoped := list "namespaces" "nodes" "datastores" "datastores/status" "datastores/finalizers" "servicecidrs" "tokenreviews" "subjectaccessreviews" -}}
+{{- $out := list -}}
+{{- range .rules -}}
+{{- $keep := list -}}
+{{- range .resources -}}
+{{- if eq (has . $clusterScoped) $.cluster -}}
+{{- $keep = append $keep . -}}
+{{- end -}}
+{{- end -}}
+{{- if $keep -}}
+{{- $r := deepCopy . -}}
+{{- $_ := set $r "resources" $keep -}}
+{{- $out = append $out $r -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
