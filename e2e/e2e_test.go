@@ -66,6 +66,7 @@ func TestE2E(t *testing.T) {
 	t.Run("WebhookRefusesBoundaryFlags", e.testProtectedArgs)
 	t.Run("NodePortTenantAnswers", e.testNodePortTenant)
 	t.Run("OperatorMetricsNeedAuthorization", e.testOperatorMetrics)
+	t.Run("OperatorRightsConfinedToItsNamespaces", e.testOperatorRights)
 	t.Run("DeleteRemovesEverything", e.testDelete)
 	t.Run("OperatorKilledMidReconcile", e.testOperatorRestart)
 	t.Run("ManagedEtcdWithThreeMembers", e.testThreeMemberDataStore)
@@ -678,6 +679,7 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 	for _, ns := range []string{"on-trio-ns", "while-a-member-restarts"} {
 		framework.Kubectl(t, kc, "get", "namespace", ns)
 	}
+	t.Run("MovesToThePeerCAWithoutOutage", func(t *testing.T) { e.testPeerCAMove(t, ds) })
 
 	if err := e.C.Delete(e.Ctx, e.TCP(t, "on-trio")); err != nil {
 		t.Fatal(err)

@@ -189,8 +189,10 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if interval == 0 {
 		interval = DefaultDataStoreCheckInterval
 	}
+	rolling := false
 	if ds.Spec.Managed != nil {
-		waiting, err := r.reconcileManaged(ctx, ds)
+		var waiting string
+		waiting, rolling, err = r.reconcileManaged(ctx, ds)
 		if err != nil || waiting != "" {
 			reason, msg := ReasonProvisioning, waiting
 			if err != nil {
@@ -212,10 +214,16 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	} else {
 		r.set(ds, apiary.ConditionReady, metav1.ConditionTrue, ReasonAvailable,
 			fmt.Sprintf("etcd answers at %s with authentication enabled", strings.Join(ds.Status.Endpoints, ",")))
-		r.reclaimSpace(ctx, ds)
+		// A defragmentation blocks a member: not while another restarts.
+		if !rolling {
+			r.reclaimSpace(ctx, ds)
+		}
 	}
 	if err := r.writeStatus(ctx, &orig, ds); err != nil {
 		return ctrl.Result{}, err
+	}
+	if rolling {
+		interval = min(interval, rollRequeue)
 	}
 	return ctrl.Result{RequeueAfter: interval}, nil
 }
@@ -242,14 +250,14 @@ func (r *DataStoreReconciler) check(ctx context.Context, ds *apiary.DataStore) e
 // headless Service, PodDisruptionBudget and StatefulSet, then enables
 // authentication once the members answer. It returns why the DataStore is
 // not usable yet, or "".
-func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.DataStore) (string, error) {
+func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.DataStore) (waiting string, rolling bool, err error) {
 	cr, err := newCredentials(ctx, r.Client, r.APIReader, etcdSecrets{ds}, r.now())
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	ca, err := cr.ca(ctx, render.EtcdSecretCA, render.EtcdCACommonName(ds))
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	for _, leaf := range []struct {
 		kind render.SecretKind
@@ -259,12 +267,12 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		{render.EtcdSecretRoot, render.EtcdRootCertRequest()},
 	} {
 		if err := cr.leaf(ctx, leaf.kind, ca, leaf.req, nil); err != nil {
-			return "", err
+			return "", false, err
 		}
 	}
 	peerCAOnly, err := r.peerCredentials(ctx, ds, cr, ca)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if len(cr.issued) > 0 {
 		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, ReasonIssued, "IssueCredentials", "issued %s", strings.Join(cr.issued, ", "))
@@ -276,14 +284,14 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		return nil
 	}
 	if err := apply(render.EtcdService(ds), "etcd Service"); err != nil {
-		return "", err
+		return "", false, err
 	}
 	if err := apply(render.EtcdPodDisruptionBudget(ds), "etcd PodDisruptionBudget"); err != nil {
-		return "", err
+		return "", false, err
 	}
 	if r.NetworkPolicy != nil {
 		if err := apply(render.EtcdNetworkPolicy(ds, *r.NetworkPolicy), "etcd NetworkPolicy"); err != nil {
-			return "", err
+			return "", false, err
 		}
 	}
 	sts := render.EtcdStatefulSet(render.EtcdInputs{
@@ -291,7 +299,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		PeerCAOnly: peerCAOnly,
 	})
 	if err := apply(sts, "etcd StatefulSet"); err != nil {
-		return "", err
+		return "", false, err
 	}
 	var ready int32
 	if sts.Status != nil && sts.Status.ReadyReplicas != nil {
@@ -312,22 +320,22 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	}
 	// A quorum serves; enabling auth needs one.
 	if ready < want/2+1 {
-		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds)), nil
+		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds)), false, nil
 	}
 	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	dc, err := r.client(callCtx, ds)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	enabled, err := dc.EnableAuth(callCtx)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if enabled {
 		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, "AuthEnabled", "EnableAuth", "created etcd root user and enabled authentication")
 	}
-	return "", nil
+	return "", r.rollMembers(callCtx, ds, sts, dc), nil
 }
 
 // deleteManaged removes a managed etcd (its claims go with the StatefulSet)
@@ -410,8 +418,12 @@ func (r *DataStoreReconciler) writeStatus(ctx context.Context, orig, ds *apiary.
 	if equality.Semantic.DeepEqual(base, ds.Status) {
 		return nil
 	}
-	// DeletionBlocked is bad news when True; the others when not True.
+	// DeletionBlocked is bad news when True; the others when not True,
+	// but for a roll of the members, which is routine.
 	recordTransitions(r.Recorder, ds, base.Conditions, ds.Status.Conditions, func(c metav1.Condition) bool {
+		if c.Reason == ReasonRolling {
+			return false
+		}
 		return (c.Type == ConditionDeletionBlocked) == (c.Status == metav1.ConditionTrue)
 	})
 	before := orig.DeepCopy()

@@ -91,9 +91,10 @@ func rolledOut(sts *appsv1.StatefulSet, hash string) bool {
 	if sts == nil || sts.Spec.Template.Annotations[render.AnnotationConfigHash] != hash || sts.Spec.Replicas == nil {
 		return false
 	}
+	// Under the OnDelete strategy the StatefulSet controller never moves
+	// currentRevision: updatedReplicas counts the pods on the template.
 	st, n := sts.Status, *sts.Spec.Replicas
-	return st.ObservedGeneration >= sts.Generation && st.UpdatedReplicas == n && st.ReadyReplicas == n &&
-		st.Replicas == n && st.CurrentRevision == st.UpdateRevision
+	return st.ObservedGeneration >= sts.Generation && st.UpdatedReplicas == n && st.ReadyReplicas == n && st.Replicas == n
 }
 
 // peerCredentials issues the peer CA, the peer certificate and the trust

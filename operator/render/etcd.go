@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,7 +83,8 @@ func EtcdLabels(ds *apiary.DataStore) map[string]string {
 	return map[string]string{LabelDataStore: ds.Name, LabelManagedBy: ManagedBy, LabelComponent: componentEtcd}
 }
 
-func etcdSelector(ds *apiary.DataStore) map[string]string {
+// EtcdSelector selects the pods of a managed etcd.
+func EtcdSelector(ds *apiary.DataStore) map[string]string {
 	return map[string]string{LabelDataStore: ds.Name, LabelComponent: componentEtcd}
 }
 
@@ -187,7 +189,7 @@ func EtcdService(ds *apiary.DataStore) *corev1ac.ServiceApplyConfiguration {
 		WithSpec(corev1ac.ServiceSpec().
 			WithClusterIP(corev1.ClusterIPNone).
 			WithPublishNotReadyAddresses(true).
-			WithSelector(etcdSelector(ds)).
+			WithSelector(EtcdSelector(ds)).
 			WithPorts(
 				corev1ac.ServicePort().WithName("client").WithPort(etcdClientPort).WithTargetPort(intstr.FromString("client")),
 				corev1ac.ServicePort().WithName("peer").WithPort(etcdPeerPort).WithTargetPort(intstr.FromString("peer")),
@@ -202,7 +204,7 @@ func EtcdPodDisruptionBudget(ds *apiary.DataStore) *policyv1ac.PodDisruptionBudg
 		WithOwnerReferences(dataStoreOwnerAC(ds)).
 		WithSpec(policyv1ac.PodDisruptionBudgetSpec().
 			WithMaxUnavailable(intstr.FromInt32(1)).
-			WithSelector(metav1ac.LabelSelector().WithMatchLabels(etcdSelector(ds))))
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(EtcdSelector(ds))))
 }
 
 // EtcdInputs are what a managed etcd's StatefulSet depends on besides its
@@ -348,8 +350,14 @@ func EtcdStatefulSet(in EtcdInputs) *appsv1ac.StatefulSetApplyConfiguration {
 		WithServiceName(EtcdName(ds)).
 		// All members must start together to form the initial cluster.
 		WithPodManagementPolicy("Parallel").
-		WithSelector(metav1ac.LabelSelector().WithMatchLabels(etcdSelector(ds))).
-		WithUpdateStrategy(appsv1ac.StatefulSetUpdateStrategy().WithType("RollingUpdate"))
+		WithSelector(metav1ac.LabelSelector().WithMatchLabels(EtcdSelector(ds))).
+		// The operator restarts members itself (DataStoreReconciler's
+		// roll): one at a time, only while every member is caught up
+		// with the leader, and the leader last after handing its
+		// leadership over. A RollingUpdate knows none of this and, on
+		// a pod's readiness alone, could take a second member down
+		// before the first has rejoined, or the leader mid-write.
+		WithUpdateStrategy(appsv1ac.StatefulSetUpdateStrategy().WithType(appsv1.OnDeleteStatefulSetStrategyType))
 	if m.Storage.EmptyDir {
 		volumes = append(volumes, corev1ac.Volume().WithName("data").WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
 	} else {
@@ -386,7 +394,7 @@ func EtcdStatefulSet(in EtcdInputs) *appsv1ac.StatefulSetApplyConfiguration {
 					WithWeight(100).
 					WithPodAffinityTerm(corev1ac.PodAffinityTerm().
 						WithTopologyKey(corev1.LabelHostname).
-						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(etcdSelector(ds)))))))))
+						WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(EtcdSelector(ds)))))))))
 	return appsv1ac.StatefulSet(EtcdName(ds), m.Namespace).
 		WithLabels(EtcdLabels(ds)).
 		WithOwnerReferences(dataStoreOwnerAC(ds)).

@@ -72,7 +72,7 @@ func TenantNetworkPolicy(tcp *apiary.TenantControlPlane, ds *apiary.DataStore, i
 		egress = append(egress, networkingv1ac.NetworkPolicyEgressRule().
 			WithTo(networkingv1ac.NetworkPolicyPeer().
 				WithNamespaceSelector(selector(map[string]string{corev1.LabelMetadataName: ds.Spec.Managed.Namespace})).
-				WithPodSelector(selector(etcdSelector(ds)))).
+				WithPodSelector(selector(EtcdSelector(ds)))).
 			WithPorts(tcpPort(etcdClientPort)))
 	}
 	outside := networkingv1ac.NetworkPolicyEgressRule()
@@ -113,7 +113,7 @@ func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.Ne
 					WithPodSelector(selector(in.OperatorPodLabels))).
 			WithPorts(tcpPort(etcdClientPort)),
 		networkingv1ac.NetworkPolicyIngressRule().
-			WithFrom(networkingv1ac.NetworkPolicyPeer().WithPodSelector(selector(etcdSelector(ds)))).
+			WithFrom(networkingv1ac.NetworkPolicyPeer().WithPodSelector(selector(EtcdSelector(ds)))).
 			WithPorts(tcpPort(etcdPeerPort)),
 	}
 	if len(in.MonitoringNamespaceLabels) > 0 {
@@ -125,7 +125,7 @@ func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.Ne
 		WithLabels(EtcdLabels(ds)).
 		WithOwnerReferences(dataStoreOwnerAC(ds)).
 		WithSpec(networkingv1ac.NetworkPolicySpec().
-			WithPodSelector(selector(etcdSelector(ds))).
+			WithPodSelector(selector(EtcdSelector(ds))).
 			WithPolicyTypes("Ingress").
 			WithIngress(ingress...))
 }

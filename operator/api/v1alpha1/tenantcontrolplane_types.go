@@ -244,6 +244,10 @@ const (
 
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
+	// ConditionMembersUpdated is a managed DataStore's: every etcd member
+	// runs the current configuration (False while the operator restarts
+	// them one at a time).
+	ConditionMembersUpdated = "MembersUpdated"
 	// ConditionPeerCASeparate is a managed DataStore's: the peer port
 	// trusts only the peer CA, which signs nothing but member certificates.
 	ConditionPeerCASeparate = "PeerCASeparate"
