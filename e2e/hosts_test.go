@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -485,6 +486,7 @@ func (e *env) testHandJoin(t *testing.T, d *sshhost.Docker, image string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Run("MisbehavingHostIsBounded", func(t *testing.T) { testMisbehavingHost(t, e.Ctx, d, h.Name, c, bundle) })
 	if err := hosts.Install(e.Ctx, c, bundle); err != nil {
 		t.Fatal(err)
 	}
@@ -715,5 +717,86 @@ func (e *env) testHostCLI(t *testing.T, d *sshhost.Docker, image string) {
 	}
 	if err := e.C.Get(e.Ctx, key, &apiary.Host{}); !apierrors.IsNotFound(err) {
 		t.Errorf("Host after remove --wait: %v", err)
+	}
+}
+
+// testMisbehavingHost runs, against a real sshd on a test host, what the
+// operator's agent does when the host turns against it: a command that
+// prints forever, and an SFTP server that stops answering mid-copy. Both
+// must end the step with a bounded message, the first without the
+// process's memory growing with the output, the second when the step's
+// context ends. The agent's code runs in this test process, as it would in
+// the operator.
+func testMisbehavingHost(t *testing.T, ctx context.Context, d *sshhost.Docker, host string, c *hosts.Client, bundle *hosts.Bundle) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var peak uint64
+	sampling, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for sampling.Err() == nil {
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			peak = max(peak, m.HeapInuse)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	runCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	start := time.Now()
+	out, err := c.RunScript(runCtx, "yes apiary-endless-output-test\n")
+	took := time.Since(start)
+	cancel()
+	stopSampling()
+	<-sampled
+	runtime.ReadMemStats(&after)
+	grew := int64(peak) - int64(before.HeapInuse)
+	t.Logf("FIGURE endless output from a real sshd: step failed after %s, message %d bytes, heap in use grew by at most %.1f MiB",
+		took.Round(time.Millisecond), len(fmt.Sprint(err)), float64(grew)/(1<<20))
+	if hosts.ReasonOf(err) != hosts.ReasonCommandFailed || !strings.Contains(fmt.Sprint(err), "stopped after more than 4 MiB of output") {
+		t.Errorf("endless output: reason %q, %v", hosts.ReasonOf(err), err)
+	}
+	if len(out) != 0 || len(fmt.Sprint(err)) > 300 {
+		t.Errorf("kept %d bytes of output and a %d byte message", len(out), len(fmt.Sprint(err)))
+	}
+	if runCtx.Err() != nil {
+		t.Errorf("stopped by the 2 minute deadline, not by the bound")
+	}
+	// The bound is 4 MiB of output; what the client buffers around it
+	// stays within a few times that.
+	if grew > 32<<20 {
+		t.Errorf("heap in use grew by %d MiB while the host printed forever", grew>>20)
+	}
+	// Nothing left running on the host.
+	if out, _ := d.Exec(ctx, host, "sh", "-c", "pgrep -x yes || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("yes still runs on the host: %s", out)
+	}
+
+	// An SFTP server that stops (SIGSTOP) as soon as the copy starts.
+	stopper := make(chan error, 1)
+	go func() {
+		_, err := d.Exec(ctx, host, "sh", "-c", "for i in $(seq 1200); do pkill -STOP -x sftp-server && exit 0; sleep 0.05; done; exit 1")
+		stopper <- err
+	}()
+	t.Cleanup(func() { _, _ = d.Exec(context.Background(), host, "pkill", "-CONT", "-x", "sftp-server") })
+	const limit = 20 * time.Second
+	copyCtx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	start = time.Now()
+	err = hosts.Install(copyCtx, c, bundle)
+	took = time.Since(start)
+	if serr := <-stopper; serr != nil {
+		t.Fatalf("the sftp-server was never stopped: %v", serr)
+	}
+	t.Logf("FIGURE SFTP server stopped mid-install: the install failed after %s (step deadline %s): %v", took.Round(time.Millisecond), limit, err)
+	if err == nil {
+		t.Fatal("the install succeeded with the host's SFTP server stopped")
+	}
+	if took > limit+5*time.Second {
+		t.Errorf("the install returned %s after its deadline", took-limit)
+	}
+	if _, err := d.Exec(ctx, host, "pkill", "-CONT", "-x", "sftp-server"); err != nil {
+		t.Logf("resuming the sftp-server: %v", err)
 	}
 }
