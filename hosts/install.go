@@ -100,7 +100,8 @@ func ResolveBundle(ctx context.Context, ref string, insecure bool) (*Bundle, err
 // against its digest on the host, installs the node binaries, the CNI
 // plugins and kubeadm's kubelet unit, and enables (does not start) the
 // kubelet. It is idempotent: a layer already on the host with the right
-// digest is not copied again, so an interrupted install resumes.
+// digest is not copied again, so an interrupted install resumes. When ctx
+// ends during the copy, c's connection is closed (see sftp).
 func Install(ctx context.Context, c *Client, b *Bundle) error {
 	if _, err := c.RunScript(ctx, fmt.Sprintf("set -e\nmkdir -p %s %s\nchmod 0700 %s\n", bundleDir, stagingDir, stateDir)); err != nil {
 		return fmt.Errorf("install: %w", err)
@@ -152,14 +153,22 @@ func Install(ctx context.Context, c *Client, b *Bundle) error {
 
 // sftp opens an SFTP session that obeys ctx. SFTP calls, the handshake
 // included, take no context: a host that stops answering would hold the
-// step forever, so the SSH session under the client is closed when ctx
-// ends, which fails whatever call waits on it.
+// step forever, so when ctx ends the whole SSH connection is closed, which
+// fails whatever call waits on it (the Client is unusable afterwards).
+// Closing only the session is not enough: OpenSSH answers a session's
+// close once its subsystem has exited, and an sftp-server that is stopped
+// (SIGSTOP, a hung disk) never exits, so reads and writes on the session
+// would wait forever (measured on the e2e hosts; x/crypto/ssh's own server
+// answers at once, which hid it).
 func (c *Client) sftp(ctx context.Context) (*sftp.Client, error) {
 	s, err := c.c.NewSession()
 	if err != nil {
 		return nil, &Error{ReasonUnreachable, fmt.Errorf("install: opening an SSH session for SFTP: %w", err)}
 	}
-	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
+	stop := context.AfterFunc(ctx, func() {
+		_ = s.Close()
+		_ = c.c.Close()
+	})
 	fail := func(what string, err error) (*sftp.Client, error) {
 		stop()
 		_ = s.Close()
