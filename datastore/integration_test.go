@@ -1085,3 +1085,42 @@ func TestWatchUsage(t *testing.T) {
 		t.Fatalf("%d reports", reports)
 	}
 }
+
+// TestProbePeers offers a certificate of the DataStore's CA, made like a
+// tenant's, to a real etcd's peer port in the three layouts an external
+// etcd may have: plain HTTP and a peer port that trusts the client CA
+// answer the peer API (raft for anyone), a peer port with its own CA
+// refuses it in the handshake.
+func TestProbePeers(t *testing.T) {
+	t.Parallel()
+	peerCA, err := pki.NewCA("etcdtest-peer-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name                 string
+		opts                 []etcdtest.Option
+		open, plain, refused bool
+	}{
+		{"plain http", nil, true, true, false},
+		{"peer port trusts the client CA", []etcdtest.Option{etcdtest.WithPeerTLS(nil)}, true, false, false},
+		{"peer port with its own CA", []etcdtest.Option{etcdtest.WithPeerTLS(peerCA)}, false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := etcdtest.Start(t, tc.opts...)
+			c := connect(t, s.Config())
+			probes, err := c.ProbePeers(testContext(t), s.Config())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(probes) != 1 {
+				t.Fatalf("probes %+v, want one (one member)", probes)
+			}
+			p := probes[0]
+			if p.Open != tc.open || p.Plain != tc.plain || p.Refused != tc.refused {
+				t.Errorf("probe %+v; want open %t, plain %t, refused %t", p, tc.open, tc.plain, tc.refused)
+			}
+		})
+	}
+}

@@ -1204,6 +1204,27 @@ func (s *suite) testDataStoreFailures(t *testing.T) {
 			return nil
 		})
 	})
+	t.Run("peer port open to tenants", func(t *testing.T) {
+		// The operator offers each member's peer URL a certificate of the
+		// DataStore's CA made like a tenant's.
+		eventually(t, "default (plain HTTP peer URL) says so", 30*time.Second, func() error {
+			return s.dataStoreCondition("default", apiary.ConditionPeerPortClosed, metav1.ConditionFalse, controllers.ReasonPeerPortUnencrypted)
+		})
+		trusting := etcdtest.Start(t, etcdtest.WithPeerTLS(nil))
+		s.createDataStore("peer-trusts-client-ca", trusting.Config())
+		peerCA, err := pki.NewCA("peer CA")
+		s.must(err)
+		separate := etcdtest.Start(t, etcdtest.WithPeerTLS(peerCA))
+		s.createDataStore("peer-ca-separate", separate.Config())
+		eventually(t, "a peer port trusting the client CA is reported", 30*time.Second, func() error {
+			return s.dataStoreCondition("peer-trusts-client-ca", apiary.ConditionPeerPortClosed, metav1.ConditionFalse, controllers.ReasonPeerPortAcceptsTenants)
+		})
+		eventually(t, "a peer port with its own CA passes", 30*time.Second, func() error {
+			return s.dataStoreCondition("peer-ca-separate", apiary.ConditionPeerPortClosed, metav1.ConditionTrue, controllers.ReasonPeerPortRefusesTenants)
+		})
+		// The finding is a warning: the DataStore stays usable.
+		s.must(s.dataStoreCondition("peer-trusts-client-ca", apiary.ConditionReady, metav1.ConditionTrue, ""))
+	})
 	t.Run("wrong root credentials", func(t *testing.T) {
 		// A client certificate from the right CA, for a user etcd does not
 		// know: TLS passes, authentication fails.

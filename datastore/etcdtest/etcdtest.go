@@ -87,13 +87,23 @@ func (p *process) stop() {
 type Option func(*options)
 
 type options struct {
-	noAuth bool
-	args   []string
+	noAuth  bool
+	args    []string
+	peerTLS bool
+	peerCA  *pki.KeyPair
 }
 
 // WithoutAuth leaves auth disabled: the root user is not created and every
 // client may do everything.
 func WithoutAuth() Option { return func(o *options) { o.noAuth = true } }
+
+// WithPeerTLS serves the peer port over TLS with client-certificate
+// authentication: trusting peerCA, which signs the peer certificate, or,
+// when peerCA is nil, the CA of the clients (the layout that lets any
+// client certificate speak raft). Without it the peer port is plain HTTP.
+func WithPeerTLS(peerCA *pki.KeyPair) Option {
+	return func(o *options) { o.peerTLS, o.peerCA = true, peerCA }
+}
 
 // WithArgs adds etcd command-line flags, e.g. --auto-compaction-retention.
 func WithArgs(args ...string) Option {
@@ -132,7 +142,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 	})
 
 	for attempt := 1; ; attempt++ {
-		err = s.launch(bin, o.args)
+		err = s.launch(bin, o)
 		if err == nil {
 			break
 		}
@@ -192,16 +202,56 @@ func newServer(dir string) (*Server, error) {
 	return s, nil
 }
 
+// peerTLS writes the peer port's certificate and trust and returns the
+// flags that use them.
+func (s *Server) peerTLS(peerCA *pki.KeyPair) ([]string, error) {
+	signer := peerCA
+	if signer == nil {
+		signer = s.CA
+	}
+	cert, err := signer.Sign(pki.Request{
+		CommonName: "etcdtest-peer",
+		DNSNames:   []string{"localhost"},
+		IPs:        []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		Usages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return nil, err
+	}
+	key, err := cert.KeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	for name, data := range map[string][]byte{"peer.crt": cert.CertPEM(), "peer.key": key, "peer-ca.crt": signer.CertPEM()} {
+		if err := os.WriteFile(filepath.Join(s.Dir, name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return []string{
+		"--peer-cert-file", filepath.Join(s.Dir, "peer.crt"),
+		"--peer-key-file", filepath.Join(s.Dir, "peer.key"),
+		"--peer-trusted-ca-file", filepath.Join(s.Dir, "peer-ca.crt"),
+		"--peer-client-cert-auth",
+	}, nil
+}
+
 var errPortTaken = errors.New("port already in use")
 
 // launch starts etcd on fresh ports and waits until it answers.
-func (s *Server) launch(bin string, extra []string) error {
+func (s *Server) launch(bin string, o options) error {
 	ports, err := freePorts(2)
 	if err != nil {
 		return err
 	}
 	client := "https://127.0.0.1:" + strconv.Itoa(ports[0])
 	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	var peerArgs []string
+	if o.peerTLS {
+		peer = "https://127.0.0.1:" + strconv.Itoa(ports[1])
+		if peerArgs, err = s.peerTLS(o.peerCA); err != nil {
+			return err
+		}
+	}
 	args := []string{
 		"--name", "etcdtest",
 		// A fresh data directory per attempt: a failed attempt may have
@@ -227,7 +277,7 @@ func (s *Server) launch(bin string, extra []string) error {
 		"--election-timeout", "100",
 		"--log-level", "info",
 	}
-	args = append(args, extra...)
+	args = append(append(args, peerArgs...), o.args...)
 
 	logFile, err := os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {

@@ -75,6 +75,7 @@ type DataStoreReconciler struct {
 	NetworkPolicy *render.PolicyInputs
 
 	statuses statusMemo[apiary.DataStoreStatus]
+	peers    peerProbes
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores,verbs=get;list;watch;update;patch
@@ -218,6 +219,7 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		if !rolling {
 			r.reclaimSpace(ctx, ds)
 		}
+		r.checkPeerPorts(ctx, ds)
 	}
 	if err := r.writeStatus(ctx, &orig, ds); err != nil {
 		return ctrl.Result{}, err
@@ -399,6 +401,7 @@ func (r *DataStoreReconciler) finalize(ctx context.Context, orig, ds *apiary.Dat
 		}
 	}
 	r.statuses.forget(ds.UID)
+	r.peers.forget(ds.UID)
 	if !controllerutil.ContainsFinalizer(orig, DataStoreFinalizer) {
 		return ctrl.Result{}, nil
 	}

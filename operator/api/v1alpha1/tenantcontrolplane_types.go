@@ -251,6 +251,10 @@ const (
 	// ConditionPeerCASeparate is a managed DataStore's: the peer port
 	// trusts only the peer CA, which signs nothing but member certificates.
 	ConditionPeerCASeparate = "PeerCASeparate"
+	// ConditionPeerPortClosed is an external DataStore's: every member's
+	// peer port refused a certificate of the DataStore's CA made like a
+	// tenant's (the operator probes it), so no tenant can speak raft.
+	ConditionPeerPortClosed = "PeerPortClosed"
 	// ConditionSpaceAvailable is a DataStore's: no etcd member has raised
 	// NOSPACE, so tenants can write.
 	ConditionSpaceAvailable = "SpaceAvailable"

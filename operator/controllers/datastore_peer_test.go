@@ -1,0 +1,55 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/apiaryhq/apiary/datastore"
+)
+
+func TestPeerVerdict(t *testing.T) {
+	refused := datastore.PeerProbe{URL: "https://a:2380", Refused: true}
+	open := datastore.PeerProbe{URL: "https://b:2380", Open: true}
+	plain := datastore.PeerProbe{URL: "http://c:2380", Open: true, Plain: true}
+	silent := datastore.PeerProbe{URL: "https://d:2380", Detail: "i/o timeout"}
+	for _, tc := range []struct {
+		name   string
+		probes []datastore.PeerProbe
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{"all refuse", []datastore.PeerProbe{refused, refused}, metav1.ConditionTrue, ReasonPeerPortRefusesTenants},
+		{"one accepts", []datastore.PeerProbe{refused, open}, metav1.ConditionFalse, ReasonPeerPortAcceptsTenants},
+		{"one plain, one silent", []datastore.PeerProbe{silent, plain}, metav1.ConditionFalse, ReasonPeerPortUnencrypted},
+		{"one silent", []datastore.PeerProbe{refused, silent}, metav1.ConditionUnknown, ReasonPeerPortNotChecked},
+		{"none", nil, metav1.ConditionUnknown, ReasonPeerPortNotChecked},
+	} {
+		status, reason, msg := peerVerdict(tc.probes)
+		if status != tc.status || reason != tc.reason || msg == "" {
+			t.Errorf("%s: %s %s %q; want %s %s", tc.name, status, reason, msg, tc.status, tc.reason)
+		}
+	}
+}
+
+func TestPeerProbesDue(t *testing.T) {
+	var p peerProbes
+	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	if !p.due("u", "h1", now) {
+		t.Fatal("first probe not due")
+	}
+	if p.due("u", "h1", now.Add(time.Minute)) {
+		t.Error("probed again after a minute")
+	}
+	if !p.due("u", "h2", now.Add(time.Minute)) {
+		t.Error("not probed after the credentials changed")
+	}
+	if !p.due("u", "h2", now.Add(time.Minute+peerProbeInterval)) {
+		t.Error("not probed after the interval")
+	}
+	p.forget("u")
+	if !p.due("u", "h2", now.Add(time.Minute+peerProbeInterval)) {
+		t.Error("not probed after forget")
+	}
+}
