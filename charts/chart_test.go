@@ -174,11 +174,19 @@ func TestHelmRBACNarrowedToNamespaces(t *testing.T) {
 			t.Errorf("namespace %s: ClusterRole + Role grant %v, want the generated %v", ns, slices.Sorted(maps.Keys(union)), slices.Sorted(maps.Keys(want)))
 		}
 	}
-	for g := range grants(clusterRole) {
-		for _, namespaced := range []string{"/secrets:", "/configmaps:", "/services:", "/pods:", "/deployments:", "/statefulsets:", "/networkpolicies:", "/tenantcontrolplanes:", "/hosts:"} {
+	cluster := grants(clusterRole)
+	for g := range cluster {
+		for _, namespaced := range []string{"/secrets:", "/configmaps:", "/services:", "/pods:", "/deployments:", "/statefulsets:", "/networkpolicies:"} {
 			if strings.Contains(g, namespaced) {
 				t.Errorf("granted cluster-wide: %s", g)
 			}
+		}
+	}
+	// Deleting a namespace deletes its Roles before the tenants' and
+	// Hosts' finalizers run: removing them must not depend on a Role.
+	for _, g := range []string{"apiary.dev/tenantcontrolplanes:patch", "apiary.dev/tenantcontrolplanes/finalizers:update", "apiary.dev/hosts:patch", "apiary.dev/hosts/finalizers:update"} {
+		if !cluster[g] {
+			t.Errorf("%s not granted cluster-wide: a namespace being deleted would keep its tenants and Hosts forever", g)
 		}
 	}
 }

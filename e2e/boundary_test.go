@@ -574,9 +574,48 @@ func (e *env) testOperatorRights(t *testing.T) {
 	}
 	bad := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Namespace: "default"}}
 	err := e.C.Create(e.Ctx, bad, client.DryRunAll)
-	if err == nil || !strings.Contains(err.Error(), "manages TenantControlPlanes in namespaces ["+framework.TenantsNS+"] only") {
+	if err == nil || !strings.Contains(err.Error(), "manages TenantControlPlanes in namespaces ["+framework.TenantsNS+" "+framework.DoomedNS+"] only") {
 		t.Fatalf("a tenant outside the operator's namespaces: %v", err)
 	}
+
+	// Deleting a tenant namespace deletes the operator's Role there as
+	// early as anything else; the tenant's finalizer must still run.
+	doomed := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "doomed", Namespace: framework.DoomedNS}}
+	if err := e.C.Create(e.Ctx, doomed); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "tenant doomed bound to its DataStore", 2*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(doomed), doomed); err != nil {
+			return err
+		}
+		return framework.ConditionIs(doomed.Status.Conditions, apiary.ConditionDataStoreReady, metav1.ConditionTrue, "")
+	})
+	start := time.Now()
+	if err := e.C.Delete(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: framework.DoomedNS}}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "namespace "+framework.DoomedNS+" deleted with its tenant", 3*time.Minute, func() error {
+		var ns corev1.Namespace
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: framework.DoomedNS}, &ns); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("namespace still there (%v): %+v", err, ns.Status.Conditions)
+		}
+		return nil
+	})
+	t.Logf("FIGURE a tenant namespace deleted with its tenant in %s", time.Since(start).Round(time.Millisecond))
+	// Its slice of the DataStore went with it (the finalizer released it:
+	// there is no orphan annotation).
+	framework.Eventually(t, "the DataStore no longer lists the tenant", time.Minute, func() error {
+		var ds apiary.DataStore
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: doomed.Status.DataStore.Name}, &ds); err != nil {
+			return err
+		}
+		for _, u := range ds.Status.UsedBy {
+			if u == framework.DoomedNS+"/doomed" {
+				return fmt.Errorf("DataStore %s still lists the deleted tenant: %v", ds.Name, ds.Status.UsedBy)
+			}
+		}
+		return nil
+	})
 }
 
 func groupOf(resource string) string {

@@ -35,8 +35,11 @@ import (
 )
 
 const (
-	SystemNS   = "apiary-system"
-	TenantsNS  = "e2e-tenants"
+	SystemNS  = "apiary-system"
+	TenantsNS = "e2e-tenants"
+	// DoomedNS is a second tenant namespace of the operator, which a test
+	// deletes with a tenant in it.
+	DoomedNS   = "e2e-doomed"
 	Release    = "apiary"
 	LeaseName  = "apiary-operator.apiary.dev"
 	ReadyLimit = 5 * time.Minute
@@ -84,22 +87,24 @@ func Setup(t testing.TB) *Env {
 	if e.CS, err = kubernetes.NewForConfig(e.Cfg); err != nil {
 		t.Fatal(err)
 	}
-	// A previous run's namespace may still be terminating. It comes before
-	// the chart, which grants the operator its rights there.
-	Eventually(t, "namespace "+TenantsNS+" created", 3*time.Minute, func() error {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: TenantsNS}}
-		err := e.C.Create(e.Ctx, ns)
-		if apierrors.IsAlreadyExists(err) {
-			if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
-				return err
+	// A previous run's namespaces may still be terminating. They come
+	// before the chart, which grants the operator its rights there.
+	for _, name := range []string{TenantsNS, DoomedNS} {
+		Eventually(t, "namespace "+name+" created", 3*time.Minute, func() error {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			err := e.C.Create(e.Ctx, ns)
+			if apierrors.IsAlreadyExists(err) {
+				if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
+					return err
+				}
+				if !ns.DeletionTimestamp.IsZero() {
+					return fmt.Errorf("namespace %s is still terminating", name)
+				}
+				return nil
 			}
-			if !ns.DeletionTimestamp.IsZero() {
-				return fmt.Errorf("namespace %s is still terminating", TenantsNS)
-			}
-			return nil
-		}
-		return err
-	})
+			return err
+		})
+	}
 	e.installChart()
 	t.Cleanup(e.cleanup)
 	return e
@@ -131,7 +136,7 @@ func (e *Env) installChart() {
 		"--set", "tenantPolicy.konnectivityOptionalNamespaces={"+TenantsNS+"}",
 		// The operator's namespaced rights in the tenants' namespace and
 		// its own only: the whole suite runs least-privileged.
-		"--set", "operator.tenantNamespaces={"+TenantsNS+"}",
+		"--set", "operator.tenantNamespaces={"+TenantsNS+","+DoomedNS+"}",
 		"--wait", "--timeout", "5m")
 	e.T.Logf("helm install: %s", time.Since(start).Round(time.Millisecond))
 	// helm --wait returns when the new pods are ready; a replaced operator

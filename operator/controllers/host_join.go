@@ -485,8 +485,17 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 // namespaceGoing says whether the namespace is being deleted (its Secrets
 // go with it, in no order the Host can rely on).
 func (r *HostReconciler) namespaceGoing(ctx context.Context, name string) bool {
+	return namespaceGoing(ctx, r.APIReader, name)
+}
+
+// namespaceGoing says whether a namespace is being deleted. The namespace
+// controller then deletes its Roles as early as anything else: an operator
+// confined to tenant namespaces (--tenant-namespaces) loses its rights on
+// the namespace's Secrets and Deployments while the finalizers of its
+// tenants and Hosts still wait for it.
+func namespaceGoing(ctx context.Context, r client.Reader, name string) bool {
 	var ns corev1.Namespace
-	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: name}, &ns); err != nil {
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, &ns); err != nil {
 		return apierrors.IsNotFound(err)
 	}
 	return !ns.DeletionTimestamp.IsZero()

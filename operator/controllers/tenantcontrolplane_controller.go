@@ -862,8 +862,15 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		return ctrl.Result{}, nil
 	}
 	logger := log.FromContext(ctx)
-	if err := r.deleteOwned(ctx, tcp, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: render.DeploymentName(tcp), Namespace: tcp.Namespace}}); err != nil {
-		return ctrl.Result{}, err
+	// In a namespace being deleted, the namespace controller deletes every
+	// object of the tenant there (its Secrets too), and may already have
+	// deleted the Role that lets the operator do it: only the etcd slice,
+	// outside the namespace, is the finalizer's to remove.
+	inNamespace := !namespaceGoing(ctx, r.APIReader, tcp.Namespace)
+	if inNamespace {
+		if err := r.deleteOwned(ctx, tcp, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: render.DeploymentName(tcp), Namespace: tcp.Namespace}}); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if name := tcp.Status.DataStore.Name; name != "" {
 		if tcp.Annotations[AnnotationOrphanDataStoreData] == "true" {
@@ -877,23 +884,8 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 			return ctrl.Result{}, errors.Join(err, r.writeStatus(ctx, orig, tcp))
 		}
 	}
-	if err := r.deleteOwned(ctx, tcp, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: render.ServiceName(tcp), Namespace: tcp.Namespace}}); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.KonnectivityConfigMapName(tcp), Namespace: tcp.Namespace}}); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.AdmissionConfigMapName(tcp), Namespace: tcp.Namespace}}); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.deleteOwned(ctx, tcp, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: render.NetworkPolicyName(tcp.Name), Namespace: tcp.Namespace}}); err != nil {
-		return ctrl.Result{}, err
-	}
-	// Delete the Secrets explicitly rather than leave them to the garbage
-	// collector: they hold credentials, and nothing should outlive the
-	// tenant even where garbage collection lags or is disabled.
-	for _, kind := range render.AllSecretKinds {
-		if err := r.deleteOwned(ctx, tcp, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: render.SecretName(tcp, kind), Namespace: tcp.Namespace}}); err != nil {
+	if inNamespace {
+		if err := r.deleteNamespaced(ctx, tcp); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -908,6 +900,28 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 	r.forgetTenant(orig.UID)
 	logger.Info("tenant removed", "dataStore", tcp.Status.DataStore.Name, "prefix", tcp.Status.DataStore.Prefix)
 	return ctrl.Result{}, nil
+}
+
+// deleteNamespaced deletes what the tenant owns in its namespace.
+func (r *TenantControlPlaneReconciler) deleteNamespaced(ctx context.Context, tcp *apiary.TenantControlPlane) error {
+	objs := []client.Object{
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: render.ServiceName(tcp), Namespace: tcp.Namespace}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.KonnectivityConfigMapName(tcp), Namespace: tcp.Namespace}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: render.AdmissionConfigMapName(tcp), Namespace: tcp.Namespace}},
+		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: render.NetworkPolicyName(tcp.Name), Namespace: tcp.Namespace}},
+	}
+	// Delete the Secrets explicitly rather than leave them to the garbage
+	// collector: they hold credentials, and nothing should outlive the
+	// tenant even where garbage collection lags or is disabled.
+	for _, kind := range render.AllSecretKinds {
+		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: render.SecretName(tcp, kind), Namespace: tcp.Namespace}})
+	}
+	for _, obj := range objs {
+		if err := r.deleteOwned(ctx, tcp, obj); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (r *TenantControlPlaneReconciler) releaseDataStore(ctx context.Context, tcp *apiary.TenantControlPlane, name string) error {

@@ -38,11 +38,14 @@ app.kubernetes.io/component: operator
 
 {{/*
 apiary.scopedRules keeps, of each generated rule, the resources that are
-cluster-scoped (cluster=true) or namespaced (cluster=false); rules left
-without resources are dropped.
+cluster-wide (cluster=true: cluster-scoped ones, and Apiary's own kinds) or
+namespaced (cluster=false); rules left without resources are dropped.
 */}}
 {{- define "apiary.scopedRules" -}}
-{{- $clusterScoped := list "namespaces" "nodes" "datastores" "datastores/status" "datastores/finalizers" "servicecidrs" "tokenreviews" "subjectaccessreviews" -}}
+{{- /* Apiary's own namespaced kinds stay cluster-wide too: deleting a
+namespace deletes its Roles as early as anything else, and the operator
+must still remove its finalizers from the tenants and Hosts there. */ -}}
+{{- $clusterScoped := list "namespaces" "nodes" "datastores" "datastores/status" "datastores/finalizers" "servicecidrs" "tokenreviews" "subjectaccessreviews" "tenantcontrolplanes" "tenantcontrolplanes/status" "tenantcontrolplanes/finalizers" "hosts" "hosts/status" "hosts/finalizers" -}}
 {{- $out := list -}}
 {{- range .rules -}}
 {{- $keep := list -}}
