@@ -211,11 +211,35 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 				&networkingv1.NetworkPolicy{}:   owned,
 			}},
 	}
+	var watch *namespacesWatch
 	if namespaces := managedNamespaces(opts); namespaces != nil {
+		direct, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return nil, nil, fmt.Errorf("creating a client: %w", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		usable, err := usableNamespaces(ctx, direct, namespaces)
+		cancel()
+		if err != nil {
+			return nil, nil, err
+		}
+		if missing := slices.DeleteFunc(slices.Clone(namespaces), func(ns string) bool { return slices.Contains(usable, ns) }); len(missing) > 0 {
+			ctrl.Log.Info("tenant namespaces missing or being deleted: not watched until they exist again (the operator then restarts)", "namespaces", missing)
+		}
+		watch = &namespacesWatch{reader: direct, names: namespaces, started: usable, interval: 30 * time.Second}
 		mgrOpts.Cache.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range namespaces {
+		for _, ns := range usable {
 			mgrOpts.Cache.DefaultNamespaces[ns] = cache.Config{}
 		}
+		// Apiary's own kinds, on which the operator's rights are
+		// cluster-wide, in every namespace: the finalizers of tenants and
+		// Hosts in a namespace being deleted must still run.
+		all := map[string]cache.Config{}
+		for _, ns := range namespaces {
+			all[ns] = cache.Config{}
+		}
+		mgrOpts.Cache.ByObject[&apiary.TenantControlPlane{}] = cache.ByObject{Namespaces: all}
+		mgrOpts.Cache.ByObject[&apiary.Host{}] = cache.ByObject{Namespaces: all}
 	}
 	if opts.Webhooks {
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir})
@@ -223,6 +247,11 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if watch != nil {
+		if err := mgr.Add(*watch); err != nil {
+			return nil, nil, err
+		}
 	}
 	pool := datastore.NewPool()
 	if err := (&controllers.DataStoreReconciler{
