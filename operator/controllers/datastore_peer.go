@@ -36,22 +36,32 @@ type peerProbes struct {
 type peerProbeMark struct {
 	at         time.Time
 	configHash string
+	// The verdict, set again on every reconcile until the next probe: a
+	// status write that failed must not lose it for an interval.
+	status      metav1.ConditionStatus
+	reason, msg string
 }
 
 // due says whether a DataStore's peer ports should be probed now, and if
-// so marks them probed.
-func (p *peerProbes) due(uid types.UID, configHash string, now time.Time) bool {
+// not, what the last probe found.
+func (p *peerProbes) due(uid types.UID, configHash string, now time.Time) (peerProbeMark, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.last[uid]
+	if ok && m.configHash == configHash && now.Sub(m.at) < peerProbeInterval {
+		return m, false
+	}
+	return peerProbeMark{}, true
+}
+
+// record remembers a probe's verdict.
+func (p *peerProbes) record(uid types.UID, m peerProbeMark) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.last == nil {
 		p.last = map[types.UID]peerProbeMark{}
 	}
-	m, ok := p.last[uid]
-	if ok && m.configHash == configHash && now.Sub(m.at) < peerProbeInterval {
-		return false
-	}
-	p.last[uid] = peerProbeMark{at: now, configHash: configHash}
-	return true
+	p.last[uid] = m
 }
 
 func (p *peerProbes) forget(uid types.UID) {
@@ -71,7 +81,12 @@ func (r *DataStoreReconciler) checkPeerPorts(ctx context.Context, ds *apiary.Dat
 		return
 	}
 	cfg, err := dataStoreConfig(ctx, r.APIReader, ds, r.ClusterDomain)
-	if err != nil || !r.peers.due(ds.UID, cfg.Hash(), r.now()) {
+	if err != nil {
+		return
+	}
+	hash, now := cfg.Hash(), r.now()
+	if last, due := r.peers.due(ds.UID, hash, now); !due {
+		r.set(ds, apiary.ConditionPeerPortClosed, last.status, last.reason, last.msg)
 		return
 	}
 	dc, err := r.client(ctx, ds)
@@ -80,13 +95,14 @@ func (r *DataStoreReconciler) checkPeerPorts(ctx context.Context, ds *apiary.Dat
 	}
 	callCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	probes, err := dc.ProbePeers(callCtx, cfg)
-	if err != nil {
-		r.set(ds, apiary.ConditionPeerPortClosed, metav1.ConditionUnknown, ReasonPeerPortNotChecked, "the peer ports could not be probed: "+err.Error())
-		return
+	m := peerProbeMark{at: now, configHash: hash}
+	if probes, err := dc.ProbePeers(callCtx, cfg); err != nil {
+		m.status, m.reason, m.msg = metav1.ConditionUnknown, ReasonPeerPortNotChecked, "the peer ports could not be probed: "+err.Error()
+	} else {
+		m.status, m.reason, m.msg = peerVerdict(probes)
 	}
-	status, reason, msg := peerVerdict(probes)
-	r.set(ds, apiary.ConditionPeerPortClosed, status, reason, msg)
+	r.peers.record(ds.UID, m)
+	r.set(ds, apiary.ConditionPeerPortClosed, m.status, m.reason, m.msg)
 }
 
 // peerVerdict sums up the probes of every member's peer URL.

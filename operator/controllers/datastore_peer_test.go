@@ -36,20 +36,21 @@ func TestPeerVerdict(t *testing.T) {
 func TestPeerProbesDue(t *testing.T) {
 	var p peerProbes
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
-	if !p.due("u", "h1", now) {
+	if _, due := p.due("u", "h1", now); !due {
 		t.Fatal("first probe not due")
 	}
-	if p.due("u", "h1", now.Add(time.Minute)) {
-		t.Error("probed again after a minute")
+	p.record("u", peerProbeMark{at: now, configHash: "h1", status: metav1.ConditionTrue, reason: "R"})
+	if m, due := p.due("u", "h1", now.Add(time.Minute)); due || m.reason != "R" {
+		t.Errorf("a minute later: due %t, remembered %+v", due, m)
 	}
-	if !p.due("u", "h2", now.Add(time.Minute)) {
-		t.Error("not probed after the credentials changed")
+	if _, due := p.due("u", "h2", now.Add(time.Minute)); !due {
+		t.Error("not due after the credentials changed")
 	}
-	if !p.due("u", "h2", now.Add(time.Minute+peerProbeInterval)) {
-		t.Error("not probed after the interval")
+	if _, due := p.due("u", "h1", now.Add(peerProbeInterval)); !due {
+		t.Error("not due after the interval")
 	}
 	p.forget("u")
-	if !p.due("u", "h2", now.Add(time.Minute+peerProbeInterval)) {
-		t.Error("not probed after forget")
+	if _, due := p.due("u", "h1", now.Add(time.Minute)); !due {
+		t.Error("not due after forget")
 	}
 }
