@@ -75,7 +75,7 @@ type DataStoreReconciler struct {
 	NetworkPolicy *render.PolicyInputs
 
 	statuses statusMemo[apiary.DataStoreStatus]
-	peers    peerProbes
+	peers    byUID[peerProbeMark]
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=datastores,verbs=get;list;watch;update;patch

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -26,48 +24,19 @@ const (
 // rarely; a probe issues a certificate and dials every member.
 const peerProbeInterval = 10 * time.Minute
 
-// peerProbes remembers when each DataStore's peer ports were last probed,
-// and with which configuration.
-type peerProbes struct {
-	mu   sync.Mutex
-	last map[types.UID]peerProbeMark
-}
-
+// peerProbeMark is a DataStore's last peer probe: when, with which
+// configuration, and its verdict, set again on every reconcile until the
+// next probe (a status write that failed must not lose it for an interval).
 type peerProbeMark struct {
-	at         time.Time
-	configHash string
-	// The verdict, set again on every reconcile until the next probe: a
-	// status write that failed must not lose it for an interval.
+	at          time.Time
+	configHash  string
 	status      metav1.ConditionStatus
 	reason, msg string
 }
 
-// due says whether a DataStore's peer ports should be probed now, and if
-// not, what the last probe found.
-func (p *peerProbes) due(uid types.UID, configHash string, now time.Time) (peerProbeMark, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m, ok := p.last[uid]
-	if ok && m.configHash == configHash && now.Sub(m.at) < peerProbeInterval {
-		return m, false
-	}
-	return peerProbeMark{}, true
-}
-
-// record remembers a probe's verdict.
-func (p *peerProbes) record(uid types.UID, m peerProbeMark) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.last == nil {
-		p.last = map[types.UID]peerProbeMark{}
-	}
-	p.last[uid] = m
-}
-
-func (p *peerProbes) forget(uid types.UID) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.last, uid)
+// due says whether a probe with this configuration is due now.
+func (m peerProbeMark) due(configHash string, now time.Time) bool {
+	return m.configHash != configHash || now.Sub(m.at) >= peerProbeInterval
 }
 
 // checkPeerPorts probes an external DataStore's peer ports with a
@@ -85,7 +54,7 @@ func (r *DataStoreReconciler) checkPeerPorts(ctx context.Context, ds *apiary.Dat
 		return
 	}
 	hash, now := cfg.Hash(), r.now()
-	if last, due := r.peers.due(ds.UID, hash, now); !due {
+	if last, ok := r.peers.get(ds.UID); ok && !last.due(hash, now) {
 		r.set(ds, apiary.ConditionPeerPortClosed, last.status, last.reason, last.msg)
 		return
 	}
@@ -101,7 +70,7 @@ func (r *DataStoreReconciler) checkPeerPorts(ctx context.Context, ds *apiary.Dat
 	} else {
 		m.status, m.reason, m.msg = peerVerdict(probes)
 	}
-	r.peers.record(ds.UID, m)
+	r.peers.set(ds.UID, m)
 	r.set(ds, apiary.ConditionPeerPortClosed, m.status, m.reason, m.msg)
 }
 

@@ -33,24 +33,16 @@ func TestPeerVerdict(t *testing.T) {
 	}
 }
 
-func TestPeerProbesDue(t *testing.T) {
-	var p peerProbes
+func TestPeerProbeDue(t *testing.T) {
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
-	if _, due := p.due("u", "h1", now); !due {
-		t.Fatal("first probe not due")
+	m := peerProbeMark{at: now, configHash: "h1", status: metav1.ConditionTrue, reason: "R"}
+	if m.due("h1", now.Add(time.Minute)) {
+		t.Error("due again a minute later")
 	}
-	p.record("u", peerProbeMark{at: now, configHash: "h1", status: metav1.ConditionTrue, reason: "R"})
-	if m, due := p.due("u", "h1", now.Add(time.Minute)); due || m.reason != "R" {
-		t.Errorf("a minute later: due %t, remembered %+v", due, m)
-	}
-	if _, due := p.due("u", "h2", now.Add(time.Minute)); !due {
+	if !m.due("h2", now.Add(time.Minute)) {
 		t.Error("not due after the credentials changed")
 	}
-	if _, due := p.due("u", "h1", now.Add(peerProbeInterval)); !due {
+	if !m.due("h1", now.Add(peerProbeInterval)) {
 		t.Error("not due after the interval")
-	}
-	p.forget("u")
-	if _, due := p.due("u", "h1", now.Add(time.Minute)); !due {
-		t.Error("not due after forget")
 	}
 }

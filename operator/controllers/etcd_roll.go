@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,16 +184,9 @@ func planRoll(pods []memberPod, members map[string]datastore.MemberState, want i
 
 // ordinal is the StatefulSet ordinal ending a pod name, -1 when none.
 func ordinal(pod string) int {
-	i := strings.LastIndexByte(pod, '-')
-	n := 0
-	if i < 0 || i == len(pod)-1 {
+	n, err := strconv.Atoi(pod[strings.LastIndexByte(pod, '-')+1:])
+	if err != nil || n < 0 || !strings.Contains(pod, "-") {
 		return -1
-	}
-	for _, c := range pod[i+1:] {
-		if c < '0' || c > '9' {
-			return -1
-		}
-		n = n*10 + int(c-'0')
 	}
 	return n
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/datastore"
@@ -183,7 +181,7 @@ func (r *TenantControlPlaneReconciler) applyAdmission(ctx context.Context, tcp *
 		return fmt.Errorf("applying ConfigMap %s: %w", render.AdmissionConfigMapName(tcp), err)
 	}
 	hash := render.ConfigHash(map[string]map[string][]byte{"": {render.KeyQuotaPolicy: []byte(cm.Data[render.KeyQuotaPolicy])}})
-	if r.nudged.get(tcp.UID) == hash {
+	if last, _ := r.nudged.get(tcp.UID); last == hash {
 		return nil
 	}
 	if err := r.nudgePods(ctx, tcp, hash); err != nil {
@@ -215,31 +213,4 @@ func (r *TenantControlPlaneReconciler) nudgePods(ctx context.Context, tcp *apiar
 		}
 	}
 	return nil
-}
-
-// hashes remembers a string per tenant.
-type hashes struct {
-	mu sync.Mutex
-	m  map[types.UID]string
-}
-
-func (h *hashes) get(uid types.UID) string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.m[uid]
-}
-
-func (h *hashes) set(uid types.UID, v string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil {
-		h.m = map[types.UID]string{}
-	}
-	h.m[uid] = v
-}
-
-func (h *hashes) forget(uid types.UID) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.m, uid)
 }

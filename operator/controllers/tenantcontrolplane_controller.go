@@ -143,7 +143,7 @@ type TenantControlPlaneReconciler struct {
 	bootstrapper tenantBootstrapper
 	usages       usages
 	// nudged is the quota policy each tenant's pods were last told of.
-	nudged hashes
+	nudged byUID[string]
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=tenantcontrolplanes,verbs=get;list;watch;update;patch
