@@ -33,6 +33,7 @@ import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/tenantcluster"
 	"github.com/apiaryhq/apiary/operator/webhookcerts"
 	"github.com/apiaryhq/apiary/operator/webhooks"
 )
@@ -268,6 +269,12 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up DataStore controller: %w", err)
 	}
+	// One connection per tenant cluster, shared by the controllers.
+	tenants := tenantcluster.New()
+	if err := mgr.Add(tenants); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("adding the tenant cluster cache: %w", err)
+	}
 	if err := (&controllers.TenantControlPlaneReconciler{
 		Client:                  mgr.GetClient(),
 		APIReader:               mgr.GetAPIReader(),
@@ -279,6 +286,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		Policy:                  opts.TenantPolicy,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 		NetworkPolicy:           policyInputs(opts),
+		Tenants:                 tenants,
 	}).SetupWithManager(mgr); err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up TenantControlPlane controller: %w", err)
@@ -290,6 +298,7 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		NodeBundleRepository:    opts.NodeBundleRepository,
 		NodeBundleInsecure:      opts.NodeBundleInsecure,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		Tenants:                 tenants,
 	}).SetupWithManager(mgr); err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("setting up Host controller: %w", err)

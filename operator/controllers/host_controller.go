@@ -24,6 +24,7 @@ import (
 
 	"github.com/apiaryhq/apiary/hosts"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/tenantcluster"
 )
 
 // Host step names and results in status.journal.
@@ -79,6 +80,10 @@ type HostReconciler struct {
 	// Now is the clock.
 	Now func() time.Time
 
+	// Tenants reaches tenant clusters (shared with the TenantControlPlane
+	// controller); SetupWithManager makes one when nil.
+	Tenants *tenantcluster.Cache
+
 	statuses statusMemo[apiary.HostStatus]
 	// started remembers the steps this process started (Host UID and step
 	// → start second): a Running step it did not start was left by an
@@ -95,6 +100,12 @@ type HostReconciler struct {
 func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
+	}
+	if r.Tenants == nil {
+		r.Tenants = tenantcluster.New()
+		if err := mgr.Add(r.Tenants); err != nil {
+			return fmt.Errorf("adding the tenant cluster cache: %w", err)
+		}
 	}
 	n := r.MaxConcurrentReconciles
 	if n <= 0 {

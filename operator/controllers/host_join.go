@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -90,15 +89,11 @@ func (r *HostReconciler) tenant(ctx context.Context, h *apiary.Host) (*tenantAcc
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: render.SecretName(&tcp, render.SecretCA)}, &ca); err != nil {
 		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant CA: %w", err)
 	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc.Data[apiary.KubeconfigKey])
-	if err != nil {
-		return nil, ReasonTenantNotReady, fmt.Errorf("the operator's kubeconfig for the tenant: %w", err)
-	}
-	cfg.UserAgent, cfg.Timeout = "apiary-operator", 15*time.Second
-	cs, err := kubernetes.NewForConfig(cfg)
+	tc, err := r.Tenants.For(tcp.UID, kc.Data[apiary.KubeconfigKey])
 	if err != nil {
 		return nil, ReasonTenantNotReady, err
 	}
+	cs := tc.Clientset
 	return &tenantAccess{tcp: &tcp, cs: cs, caPEM: ca.Data[render.KeyTLSCert],
 		endpoint: strings.TrimPrefix(tcp.Status.Endpoint, "https://")}, "", nil
 }

@@ -14,13 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/tenantcluster"
 	"github.com/apiaryhq/apiary/tenant"
 )
 
@@ -32,24 +31,18 @@ import (
 const DefaultBootstrapResync = 4 * time.Minute
 
 // tenantBootstrapper applies the objects of package tenant inside tenant
-// clusters, through a client per tenant built from its admin kubeconfig.
+// clusters, through the tenant cluster cache.
 type tenantBootstrapper struct {
+	tenants *tenantcluster.Cache
+
 	mu      sync.Mutex
-	clients map[types.UID]tenantClient
 	applied map[types.UID]appliedBootstrap
-	watches map[types.UID]tenantWatch
 	// deletions counts the deletions seen inside each tenant: an apply
 	// that a deletion overtook must not record itself as complete.
 	deletions map[types.UID]uint64
 	// deleted receives a tenant when an object applied inside it is
 	// deleted (tenant_watch.go); the controller reads it as a source.
 	deleted chan event.GenericEvent
-}
-
-type tenantClient struct {
-	kubeconfigHash [32]byte
-	c              client.Client
-	cfg            *rest.Config
 }
 
 type appliedBootstrap struct {
@@ -67,33 +60,6 @@ type bootstrapResult struct {
 	skipped          bool
 	// createdOnce: the create-once objects exist (made now or before).
 	createdOnce bool
-}
-
-// client returns the tenant's client, rebuilding it when the kubeconfig
-// changed (a renewed certificate or a new endpoint).
-func (b *tenantBootstrapper) client(uid types.UID, kubeconfig []byte) (tenantClient, error) {
-	h := sha256.Sum256(kubeconfig)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if tc, ok := b.clients[uid]; ok && tc.kubeconfigHash == h {
-		return tc, nil
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return tenantClient{}, fmt.Errorf("reading the admin kubeconfig: %w", err)
-	}
-	cfg.UserAgent = "apiary-operator"
-	cfg.Timeout = 10 * time.Second
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		return tenantClient{}, fmt.Errorf("creating a client for the tenant API at %s: %w", cfg.Host, err)
-	}
-	if b.clients == nil {
-		b.clients = map[types.UID]tenantClient{}
-	}
-	tc := tenantClient{kubeconfigHash: h, c: c, cfg: cfg}
-	b.clients[uid] = tc
-	return tc, nil
 }
 
 // remember records a complete apply, unless a deletion inside the tenant
@@ -114,10 +80,9 @@ func (b *tenantBootstrapper) remember(uid types.UID, seen uint64, a appliedBoots
 
 // forget drops what is remembered of a deleted tenant.
 func (b *tenantBootstrapper) forget(uid types.UID) {
-	b.stopWatch(uid)
+	b.tenants.Forget(uid)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.clients, uid)
 	delete(b.applied, uid)
 	delete(b.deletions, uid)
 }
@@ -161,11 +126,11 @@ func (b *tenantBootstrapper) bootstrap(ctx context.Context, in tenant.Inputs, ku
 		return res, nil
 	}
 
-	tc, err := b.client(uid, kubeconfig)
+	tc, err := b.tenants.For(uid, kubeconfig)
 	if err != nil {
 		return res, err
 	}
-	c := tc.c
+	c := tc.Client
 	// The kinds applied, to watch for deletions (tenant_watch.go).
 	kinds := map[schema.GroupVersionKind]bool{}
 	for _, r := range all {

@@ -25,6 +25,7 @@ import (
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/tenantcluster"
 	"github.com/apiaryhq/apiary/operator/webhooks"
 )
 
@@ -105,6 +106,9 @@ type TenantControlPlaneReconciler struct {
 	// UsageInterval is how often each tenant's datastore usage is measured
 	// (DefaultUsageInterval when 0).
 	UsageInterval time.Duration
+	// Tenants reaches tenant clusters (shared with the Host controller);
+	// SetupWithManager makes one when nil.
+	Tenants *tenantcluster.Cache
 
 	statuses     statusMemo[apiary.TenantControlPlaneStatus]
 	bootstrapper tenantBootstrapper
@@ -133,6 +137,13 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 	if err := IndexTenantsByDataStore(context.Background(), mgr); err != nil {
 		return err
 	}
+	if r.Tenants == nil {
+		r.Tenants = tenantcluster.New()
+		if err := mgr.Add(r.Tenants); err != nil {
+			return fmt.Errorf("adding the tenant cluster cache: %w", err)
+		}
+	}
+	r.bootstrapper.tenants = r.Tenants
 	// Deletions of what the bootstrap applied inside tenants.
 	r.bootstrapper.deleted = make(chan event.GenericEvent, 64)
 	// Tenants whose datastore usage crossed their quota (either way).
