@@ -39,6 +39,7 @@ import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 )
 
 // testProtectedArgs: the installed webhook refuses every spelling of a flag
@@ -401,7 +402,7 @@ func (e *env) testNetworkPolicy(t *testing.T) {
 		}
 		return nil
 	})
-	etcdIP := podIP(framework.SystemNS, map[string]string{render.LabelDataStore: "default", render.LabelComponent: "etcd"})
+	etcdIP := podIP(framework.SystemNS, map[string]string{managedetcd.LabelDataStore: "default", render.LabelComponent: "etcd"})
 	dnsIP := podIP("kube-system", map[string]string{"k8s-app": "kube-dns"})
 	operatorIP := podIP(framework.SystemNS, map[string]string{"app.kubernetes.io/component": "operator"})
 	alphaIP := podIP(framework.TenantsNS, render.SelectorLabels(e.TCP(t, "alpha")))

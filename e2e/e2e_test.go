@@ -46,6 +46,7 @@ import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 )
 
 // env is the installed Apiary, with the tests as its methods.
@@ -698,7 +699,7 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 			return fmt.Errorf("DataStore: %v", err)
 		}
 		var pods corev1.PodList
-		if err := e.C.List(e.Ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{render.LabelDataStore: "trio"}); err != nil {
+		if err := e.C.List(e.Ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{managedetcd.LabelDataStore: "trio"}); err != nil {
 			return err
 		}
 		if len(pods.Items) > 0 {

@@ -31,10 +31,10 @@ import (
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
 	"github.com/apiaryhq/apiary/hosts"
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
-	"github.com/apiaryhq/apiary/tenant"
 )
 
 const (
@@ -632,7 +632,7 @@ func everyServerHasAgents(e *env, t *testing.T) error {
 			continue
 		}
 		n++
-		resp, err := http.Get(fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, tenant.KonnectivityHealthPort))
+		resp, err := http.Get(fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, konnectivity.HealthPort))
 		if err != nil {
 			return err
 		}

@@ -26,6 +26,7 @@ import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 	"github.com/apiaryhq/apiary/pki"
 )
 
@@ -41,7 +42,7 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 	secret := func(kind render.SecretKind) *corev1.Secret {
 		t.Helper()
 		var s corev1.Secret
-		if err := e.C.Get(ctx, client.ObjectKey{Namespace: framework.SystemNS, Name: render.EtcdSecretName(ds, kind)}, &s); err != nil {
+		if err := e.C.Get(ctx, client.ObjectKey{Namespace: framework.SystemNS, Name: managedetcd.SecretName(ds, kind)}, &s); err != nil {
 			t.Fatal(err)
 		}
 		return &s
@@ -59,7 +60,7 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	}
-	rootSecret := secret(render.EtcdSecretRoot)
+	rootSecret := secret(managedetcd.SecretRoot)
 	root, err := tls.X509KeyPair(rootSecret.Data[corev1.TLSCertKey], rootSecret.Data[corev1.TLSPrivateKeyKey])
 	if err != nil {
 		t.Fatal(err)
@@ -97,12 +98,12 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 
 	// The layout before the peer CA: the peer certificate signed by the
 	// client CA, the peer port trusting the client CA, no peer name.
-	caSecret := secret(render.EtcdSecretCA)
+	caSecret := secret(managedetcd.SecretCA)
 	ca, err := pki.ParseKeyPair(caSecret.Data[corev1.TLSCertKey], caSecret.Data[corev1.TLSPrivateKeyKey])
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer, err := ca.Sign(render.EtcdServingCertRequest(ds, "cluster.local", true))
+	peer, err := ca.Sign(managedetcd.ServingCertRequest(ds, "cluster.local", true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,18 +111,18 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	peerSecret := secret(render.EtcdSecretPeer)
+	peerSecret := secret(managedetcd.SecretPeer)
 	peerSecret.Data = map[string][]byte{corev1.TLSCertKey: peer.CertPEM(), corev1.TLSPrivateKeyKey: peerKey}
 	if err := e.C.Update(ctx, peerSecret); err != nil {
 		t.Fatal(err)
 	}
-	for _, kind := range []render.SecretKind{render.EtcdSecretPeerCA, render.EtcdSecretPeerTrust} {
+	for _, kind := range []render.SecretKind{managedetcd.SecretPeerCA, managedetcd.SecretPeerTrust} {
 		if err := e.C.Delete(ctx, secret(kind)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var sts appsv1.StatefulSet
-	stsKey := client.ObjectKey{Namespace: framework.SystemNS, Name: render.EtcdName(ds)}
+	stsKey := client.ObjectKey{Namespace: framework.SystemNS, Name: managedetcd.Name(ds)}
 	if err := e.C.Get(ctx, stsKey, &sts); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 	for i := range pod.Volumes {
 		if p := pod.Volumes[i].Projected; p != nil {
 			p.Sources = slices.DeleteFunc(p.Sources, func(s corev1.VolumeProjection) bool {
-				return s.Secret != nil && s.Secret.Name == render.EtcdSecretName(ds, render.EtcdSecretPeerTrust)
+				return s.Secret != nil && s.Secret.Name == managedetcd.SecretName(ds, managedetcd.SecretPeerTrust)
 			})
 		}
 	}
@@ -152,7 +153,7 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 	}
 	// All members at once: a member of one layout and one of the other
 	// do not trust each other, so a rolling update would stall.
-	if err := e.C.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(framework.SystemNS), client.MatchingLabels{render.LabelDataStore: "trio"}); err != nil {
+	if err := e.C.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(framework.SystemNS), client.MatchingLabels{managedetcd.LabelDataStore: "trio"}); err != nil {
 		t.Fatal(err)
 	}
 	kc := e.ExportKubeconfig(t, "on-trio")
@@ -310,7 +311,7 @@ func (e *env) sampleMembers(t *testing.T, ctx context.Context) func() []string {
 	go func() {
 		for ctx.Err() == nil {
 			var pods corev1.PodList
-			if err := e.C.List(ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{render.LabelDataStore: "trio"}); err == nil {
+			if err := e.C.List(ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{managedetcd.LabelDataStore: "trio"}); err == nil {
 				slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 				var b strings.Builder
 				for _, p := range pods.Items {

@@ -54,6 +54,7 @@ import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 	"github.com/apiaryhq/apiary/pki"
 )
 
@@ -1339,7 +1340,7 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &policyv1.PodDisruptionBudget{}))
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: render.NetworkPolicyName("managed-etcd")}, &networkingv1.NetworkPolicy{}))
 	secrets := map[render.SecretKind]*corev1.Secret{}
-	for _, kind := range render.EtcdSecretKinds {
+	for _, kind := range managedetcd.SecretKinds {
 		secrets[kind] = &corev1.Secret{}
 		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-" + string(kind)}, secrets[kind]))
 	}
@@ -1355,15 +1356,15 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 		s.must(err)
 		return c
 	}
-	peer, clientCA, peerCA := parse(render.EtcdSecretPeer, "tls.crt"), parse(render.EtcdSecretCA, "tls.crt"), parse(render.EtcdSecretPeerCA, "tls.crt")
-	if peer.CheckSignatureFrom(peerCA) != nil || peer.CheckSignatureFrom(clientCA) == nil || peer.Subject.CommonName != render.EtcdPeerCN {
-		t.Errorf("peer certificate %s signed by %s, want %s by the peer CA only", peer.Subject.CommonName, peer.Issuer.CommonName, render.EtcdPeerCN)
+	peer, clientCA, peerCA := parse(managedetcd.SecretPeer, "tls.crt"), parse(managedetcd.SecretCA, "tls.crt"), parse(managedetcd.SecretPeerCA, "tls.crt")
+	if peer.CheckSignatureFrom(peerCA) != nil || peer.CheckSignatureFrom(clientCA) == nil || peer.Subject.CommonName != managedetcd.PeerCN {
+		t.Errorf("peer certificate %s signed by %s, want %s by the peer CA only", peer.Subject.CommonName, peer.Issuer.CommonName, managedetcd.PeerCN)
 	}
-	if trust := parse(render.EtcdSecretPeerTrust, "ca.crt"); !trust.Equal(peerCA) || len(bytes.TrimSpace(secrets[render.EtcdSecretPeerTrust].Data["ca.crt"])) != len(bytes.TrimSpace(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peerCA.Raw}))) {
+	if trust := parse(managedetcd.SecretPeerTrust, "ca.crt"); !trust.Equal(peerCA) || len(bytes.TrimSpace(secrets[managedetcd.SecretPeerTrust].Data["ca.crt"])) != len(bytes.TrimSpace(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peerCA.Raw}))) {
 		t.Errorf("peer trust bundle is not the peer CA alone")
 	}
 	args := sts.Spec.Template.Spec.Containers[0].Args
-	if !slices.Contains(args, "--peer-cert-allowed-cn="+render.EtcdPeerCN) || !slices.Contains(args, "--peer-trusted-ca-file=/etc/etcd/pki/peer-trust.crt") {
+	if !slices.Contains(args, "--peer-cert-allowed-cn="+managedetcd.PeerCN) || !slices.Contains(args, "--peer-trusted-ca-file=/etc/etcd/pki/peer-trust.crt") {
 		t.Errorf("etcd args %v", args)
 	}
 	s.eventually("PeerCASeparate", 10*time.Second, func() error {

@@ -5,6 +5,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+
+	"github.com/apiaryhq/apiary/images"
 )
 
 // Names kubeadm uses; `kubeadm join` looks for exactly these.
@@ -96,10 +98,6 @@ func clusterInfoKubeconfig(in Inputs) (string, error) {
 func clusterConfiguration(in Inputs) (string, error) {
 	tcp := in.TCP
 	n := tcp.Spec.Network
-	repo := "registry.k8s.io"
-	if in.ImageRepository != "" {
-		repo = in.ImageRepository
-	}
 	return toYAML(map[string]any{
 		"apiVersion":           "kubeadm.k8s.io/v1beta4",
 		"kind":                 "ClusterConfiguration",
@@ -107,7 +105,7 @@ func clusterConfiguration(in Inputs) (string, error) {
 		"kubernetesVersion":    tcp.Spec.Version,
 		"controlPlaneEndpoint": in.controlPlaneEndpoint(),
 		"certificatesDir":      KubeletPKIDir,
-		"imageRepository":      repo,
+		"imageRepository":      images.Repository(in.ImageRepository),
 		"networking": map[string]any{
 			"dnsDomain":     n.ClusterDomain,
 			"podSubnet":     n.PodCIDR,

@@ -1,38 +1,16 @@
 package tenant
 
 import (
-	"fmt"
 	"net"
 	"strings"
 
+	"github.com/apiaryhq/apiary/images"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
-// Versions of the addon images the operator deploys by default.
-const (
-	CoreDNSVersion      = "v1.15.0"
-	KonnectivityVersion = "v0.36.0"
-)
-
-// Ports of konnectivity-server in the control-plane pod. The agent port is
-// also a port of the tenant Service, on the API's address.
-const (
-	KonnectivityAgentPort  = 8132
-	KonnectivityAdminPort  = 8133
-	KonnectivityHealthPort = 8134
-)
-
-// KonnectivityAgentServiceAccount is the agents' ServiceAccount in
-// kube-system; konnectivity-server only accepts its tokens.
-const KonnectivityAgentServiceAccount = "konnectivity-agent"
-
-// KonnectivityLeaseLabel selects the leases konnectivity-servers publish in
-// kube-system; agents count them to know how many servers to connect to.
-const KonnectivityLeaseLabel = "k8s-app=konnectivity-server"
-
-// KonnectivityAudience is the audience of the agents' ServiceAccount tokens,
-// which konnectivity-server checks with a TokenReview.
-const KonnectivityAudience = "system:konnectivity-server"
+// CoreDNSVersion is the version of the CoreDNS image the operator deploys
+// by default. (konnectivity-agent's is konnectivity.Version.)
+const CoreDNSVersion = "v1.15.0"
 
 // Labels on every object applied inside a tenant.
 const (
@@ -101,11 +79,7 @@ func (in Inputs) controlPlaneEndpoint() string {
 }
 
 func (in Inputs) image(name, tag string) string {
-	repo := "registry.k8s.io"
-	if in.ImageRepository != "" {
-		repo = strings.TrimSuffix(in.ImageRepository, "/")
-	}
-	return fmt.Sprintf("%s/%s:%s", repo, name, tag)
+	return images.Ref(in.ImageRepository, name, tag)
 }
 
 func labels(p Part, extra map[string]string) map[string]string {

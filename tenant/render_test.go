@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/apiaryhq/apiary/internal/golden"
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
@@ -115,7 +116,7 @@ func TestImageRepository(t *testing.T) {
 	ds := find(t, objs, "DaemonSet", "kube-system", "konnectivity-agent")
 	ctrs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
 	img := ctrs[0].(map[string]any)["image"].(string)
-	if img != "mirror.example/k8s/kas-network-proxy/proxy-agent:"+KonnectivityVersion {
+	if img != "mirror.example/k8s/kas-network-proxy/proxy-agent:"+konnectivity.Version {
 		t.Fatalf("image %s", img)
 	}
 	args := ctrs[0].(map[string]any)["args"].([]any)
@@ -125,6 +126,20 @@ func TestImageRepository(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(joined, " "), "--proxy-server-host=192.0.2.10 ") {
 		t.Fatalf("agent args %v", joined)
+	}
+	// kubeadm's imageRepository is the same repository, without the "/".
+	objs, err = Render(in, PartBootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := find(t, objs, "ConfigMap", "kube-system", KubeadmConfigMap)
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(data[ClusterConfigurationKey]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg["imageRepository"] != "mirror.example/k8s" {
+		t.Fatalf("kubeadm imageRepository %v", cfg["imageRepository"])
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 	"github.com/apiaryhq/apiary/pki"
 )
 
@@ -46,12 +47,12 @@ func (t tenantSecrets) secret(kind render.SecretKind, data map[string][]byte) *c
 type etcdSecrets struct{ ds *apiary.DataStore }
 
 func (e etcdSecrets) namespace() string                  { return e.ds.Spec.Managed.Namespace }
-func (e etcdSecrets) selector() map[string]string        { return render.EtcdLabels(e.ds) }
-func (e etcdSecrets) name(kind render.SecretKind) string { return render.EtcdSecretName(e.ds, kind) }
+func (e etcdSecrets) selector() map[string]string        { return managedetcd.Labels(e.ds) }
+func (e etcdSecrets) name(kind render.SecretKind) string { return managedetcd.SecretName(e.ds, kind) }
 func (e etcdSecrets) ownerUID() types.UID                { return e.ds.UID }
 func (e etcdSecrets) clusterName() string                { return e.ds.Name }
 func (e etcdSecrets) secret(kind render.SecretKind, data map[string][]byte) *corev1.Secret {
-	return render.EtcdSecret(e.ds, kind, data)
+	return managedetcd.Secret(e.ds, kind, data)
 }
 
 // credentials issues a set of Secrets: it keeps what is still valid and

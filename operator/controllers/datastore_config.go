@@ -10,7 +10,7 @@ import (
 
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
-	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 )
 
 // Reasons of DataStore problems found before etcd is even called.
@@ -28,9 +28,9 @@ func connection(ds *apiary.DataStore, clusterDomain string) (endpoints []string,
 		return ds.Spec.Endpoints, tls
 	}
 	ns := ds.Spec.Managed.Namespace
-	return render.EtcdEndpoints(ds, clusterDomain), apiary.DataStoreTLS{
-		CASecretRef:     apiary.SecretReference{Namespace: ns, Name: render.EtcdSecretName(ds, render.EtcdSecretCA)},
-		ClientSecretRef: apiary.SecretReference{Namespace: ns, Name: render.EtcdSecretName(ds, render.EtcdSecretRoot)},
+	return managedetcd.Endpoints(ds, clusterDomain), apiary.DataStoreTLS{
+		CASecretRef:     apiary.SecretReference{Namespace: ns, Name: managedetcd.SecretName(ds, managedetcd.SecretCA)},
+		ClientSecretRef: apiary.SecretReference{Namespace: ns, Name: managedetcd.SecretName(ds, managedetcd.SecretRoot)},
 	}
 }
 

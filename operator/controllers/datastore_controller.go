@@ -30,6 +30,7 @@ import (
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 	"github.com/apiaryhq/apiary/pki"
 )
 
@@ -257,7 +258,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if err != nil {
 		return "", false, err
 	}
-	ca, err := cr.ca(ctx, render.EtcdSecretCA, render.EtcdCACommonName(ds))
+	ca, err := cr.ca(ctx, managedetcd.SecretCA, managedetcd.CACommonName(ds))
 	if err != nil {
 		return "", false, err
 	}
@@ -265,8 +266,8 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		kind render.SecretKind
 		req  pki.Request
 	}{
-		{render.EtcdSecretServer, render.EtcdServingCertRequest(ds, r.ClusterDomain, false)},
-		{render.EtcdSecretRoot, render.EtcdRootCertRequest()},
+		{managedetcd.SecretServer, managedetcd.ServingCertRequest(ds, r.ClusterDomain, false)},
+		{managedetcd.SecretRoot, managedetcd.RootCertRequest()},
 	} {
 		if err := cr.leaf(ctx, leaf.kind, ca, leaf.req, nil); err != nil {
 			return "", false, err
@@ -285,10 +286,10 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		}
 		return nil
 	}
-	if err := apply(render.EtcdService(ds), "etcd Service"); err != nil {
+	if err := apply(managedetcd.Service(ds), "etcd Service"); err != nil {
 		return "", false, err
 	}
-	if err := apply(render.EtcdPodDisruptionBudget(ds), "etcd PodDisruptionBudget"); err != nil {
+	if err := apply(managedetcd.PodDisruptionBudget(ds), "etcd PodDisruptionBudget"); err != nil {
 		return "", false, err
 	}
 	if r.NetworkPolicy != nil {
@@ -296,7 +297,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 			return "", false, err
 		}
 	}
-	sts := render.EtcdStatefulSet(render.EtcdInputs{
+	sts := managedetcd.StatefulSet(managedetcd.Inputs{
 		DataStore: ds, ClusterDomain: r.ClusterDomain, ConfigHash: etcdConfigHash(cr.data), ImageRepository: r.ImageRepository,
 		PeerCAOnly: peerCAOnly,
 	})
@@ -312,7 +313,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if ready == want {
 		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionTrue, ReasonAllMembersReady, fmt.Sprintf("%d of %d etcd members ready", ready, want))
 	} else {
-		msg := fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds))
+		msg := fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, want, ds.Spec.Managed.Namespace, managedetcd.Name(ds))
 		if ds.Spec.Managed.Storage.EmptyDir && want > 1 {
 			// The member comes back with an empty data directory and etcd
 			// refuses to bootstrap it again ("already been bootstrapped").
@@ -322,7 +323,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	}
 	// A quorum serves; enabling auth needs one.
 	if ready < want/2+1 {
-		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, render.EtcdName(ds)), false, nil
+		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)), false, nil
 	}
 	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -343,15 +344,15 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 // deleteManaged removes a managed etcd (its claims go with the StatefulSet)
 // and its Secrets, rather than leaving credentials to the garbage collector.
 func (r *DataStoreReconciler) deleteManaged(ctx context.Context, ds *apiary.DataStore) error {
-	ns, name := ds.Spec.Managed.Namespace, render.EtcdName(ds)
+	ns, name := ds.Spec.Managed.Namespace, managedetcd.Name(ds)
 	objs := []client.Object{
 		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: render.NetworkPolicyName(name)}},
 	}
-	for _, kind := range render.EtcdSecretKinds {
-		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: render.EtcdSecretName(ds, kind)}})
+	for _, kind := range managedetcd.SecretKinds {
+		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: managedetcd.SecretName(ds, kind)}})
 	}
 	for _, obj := range objs {
 		if err := deleteOwnedBy(ctx, r.APIReader, r.Client, ds.UID, obj); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 	"github.com/apiaryhq/apiary/pki"
 )
 
@@ -101,26 +102,26 @@ func rolledOut(sts *appsv1.StatefulSet, hash string) bool {
 // bundle for the next step, and returns whether the separate layout is
 // reached (PeerCAOnly).
 func (r *DataStoreReconciler) peerCredentials(ctx context.Context, ds *apiary.DataStore, cr *credentials, clientCA *pki.KeyPair) (bool, error) {
-	peerCA, err := cr.ca(ctx, render.EtcdSecretPeerCA, render.EtcdPeerCACommonName(ds))
+	peerCA, err := cr.ca(ctx, managedetcd.SecretPeerCA, managedetcd.PeerCACommonName(ds))
 	if err != nil {
 		return false, err
 	}
 	var peerCert *x509.Certificate
-	if data, _ := cr.existing(render.EtcdSecretPeer); data != nil {
+	if data, _ := cr.existing(managedetcd.SecretPeer); data != nil {
 		if kp, err := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey]); err == nil {
 			peerCert = kp.Cert
 		}
 	}
-	trustData, _ := cr.existing(render.EtcdSecretPeerTrust)
+	trustData, _ := cr.existing(managedetcd.SecretPeerTrust)
 	var sts appsv1.StatefulSet
 	var live *appsv1.StatefulSet
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Spec.Managed.Namespace, Name: render.EtcdName(ds)}, &sts); err == nil {
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Spec.Managed.Namespace, Name: managedetcd.Name(ds)}, &sts); err == nil {
 		live = &sts
 	} else if !apierrors.IsNotFound(err) {
 		return false, fmt.Errorf("reading the etcd StatefulSet: %w", err)
 	}
 	current := map[render.SecretKind]map[string][]byte{}
-	for _, kind := range render.EtcdMountedSecrets {
+	for _, kind := range managedetcd.MountedSecrets {
 		current[kind], _ = cr.existing(kind)
 	}
 	plan := planPeerCA(clientCA.Cert, peerCA.Cert, peerCert, trustData[render.KeyCACert], rolledOut(live, etcdConfigHash(current)))
@@ -129,7 +130,7 @@ func (r *DataStoreReconciler) peerCredentials(ctx context.Context, ds *apiary.Da
 	if plan.signWithClientCA {
 		signer = clientCA
 	}
-	if err := cr.leaf(ctx, render.EtcdSecretPeer, signer, render.EtcdServingCertRequest(ds, r.ClusterDomain, true), nil); err != nil {
+	if err := cr.leaf(ctx, managedetcd.SecretPeer, signer, managedetcd.ServingCertRequest(ds, r.ClusterDomain, true), nil); err != nil {
 		return false, err
 	}
 	if !bytes.Equal(trustData[render.KeyCACert], plan.trust) {
@@ -137,16 +138,16 @@ func (r *DataStoreReconciler) peerCredentials(ctx context.Context, ds *apiary.Da
 		if trustData != nil {
 			why = "peer trust changed"
 		}
-		if err := cr.write(ctx, render.EtcdSecretPeerTrust, map[string][]byte{render.KeyCACert: plan.trust}, why); err != nil {
+		if err := cr.write(ctx, managedetcd.SecretPeerTrust, map[string][]byte{render.KeyCACert: plan.trust}, why); err != nil {
 			return false, err
 		}
 	} else {
-		cr.data[render.EtcdSecretPeerTrust] = trustData
+		cr.data[managedetcd.SecretPeerTrust] = trustData
 	}
 	switch plan.stage {
 	case peerSeparate:
 		r.set(ds, apiary.ConditionPeerCASeparate, metav1.ConditionTrue, ReasonPeerCASeparate,
-			"the peer port trusts only the peer CA and the peer common name "+render.EtcdPeerCN+"; tenant and root client certificates are refused there")
+			"the peer port trusts only the peer CA and the peer common name "+managedetcd.PeerCN+"; tenant and root client certificates are refused there")
 	case peerTrustBoth:
 		r.set(ds, apiary.ConditionPeerCASeparate, metav1.ConditionFalse, ReasonMovingToPeerCA,
 			"step 1 of 3: members learn to trust the new peer CA, one at a time; the client CA is still trusted on the peer port")
@@ -161,9 +162,9 @@ func (r *DataStoreReconciler) peerCredentials(ctx context.Context, ds *apiary.Da
 // only the certificate of the client CA, whose key stays with the operator.
 func etcdConfigHash(data map[render.SecretKind]map[string][]byte) string {
 	mounted := map[string]map[string][]byte{}
-	for _, kind := range render.EtcdMountedSecrets {
+	for _, kind := range managedetcd.MountedSecrets {
 		d := data[kind]
-		if kind == render.EtcdSecretCA {
+		if kind == managedetcd.SecretCA {
 			d = map[string][]byte{render.KeyTLSCert: d[render.KeyTLSCert]}
 		}
 		mounted[string(kind)] = d

@@ -21,7 +21,7 @@ import (
 
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
-	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 )
 
 // Reasons of a managed DataStore's MembersUpdated condition, and of the
@@ -226,11 +226,11 @@ func (r *DataStoreReconciler) rollStep(ctx context.Context, ds *apiary.DataStore
 		// again. Nothing is restarted; the user decides.
 		r.set(ds, apiary.ConditionMembersUpdated, metav1.ConditionFalse, ReasonRestartLosesData, fmt.Sprintf(
 			"%d of %d members run the current configuration; the members keep their data in emptyDirs and a restart would lose it, so Apiary does not restart them: delete the pods of StatefulSet %s/%s yourself to accept the loss",
-			deref(sts.Status.UpdatedReplicas), want, ds.Spec.Managed.Namespace, render.EtcdName(ds)))
+			deref(sts.Status.UpdatedReplicas), want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)))
 		return nil
 	}
 	var list corev1.PodList
-	if err := r.APIReader.List(ctx, &list, client.InNamespace(ds.Spec.Managed.Namespace), client.MatchingLabels(render.EtcdSelector(ds))); err != nil {
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(ds.Spec.Managed.Namespace), client.MatchingLabels(managedetcd.Selector(ds))); err != nil {
 		return fmt.Errorf("listing the etcd member pods: %w", err)
 	}
 	pods := make([]memberPod, 0, len(list.Items))

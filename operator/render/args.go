@@ -1,13 +1,12 @@
 package render
 
 import (
-	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render/conventions"
 )
 
 // Paths inside the control-plane containers. They follow kubeadm's layout so
@@ -60,30 +59,9 @@ type Inputs struct {
 	ImageRepository string
 }
 
-// flags renders defaults overridden by extraArgs as sorted --key=value
-// arguments, so that the same spec always gives the same command line (a
-// different order would roll the pods for nothing).
-//
-// feature-gates is merged rather than replaced: the spec's gates come first
-// and Apiary's after them, so Apiary's win (the components read the list in
-// order, the last setting of a gate wins) and a spec that adds a gate
-// cannot drop one Apiary pins.
-func flags(defaults, extra map[string]string) []string {
-	merged := maps.Clone(defaults)
-	maps.Copy(merged, extra)
-	if d, e := defaults[featureGates], extra[featureGates]; d != "" && e != "" {
-		merged[featureGates] = e + "," + d
-	}
-	keys := slices.Sorted(maps.Keys(merged))
-	args := make([]string, 0, len(keys))
-	for _, k := range keys {
-		args = append(args, fmt.Sprintf("--%s=%s", k, merged[k]))
-	}
-	return args
-}
-
-// featureGates is merged, not replaced, by extraArgs (see flags).
-const featureGates = "feature-gates"
+// featureGates is merged, not replaced, by extraArgs (see
+// conventions.Flags): a spec that adds a gate cannot drop one Apiary pins.
+const featureGates = conventions.FlagFeatureGates
 
 // Component names a control-plane component whose command line a spec can
 // extend with extraArgs.
@@ -126,7 +104,7 @@ func ExtraArgs(c Component, s *apiary.TenantControlPlaneSpec) map[string]string 
 
 // Args is a component's command line.
 func Args(c Component, in Inputs) []string {
-	return flags(DefaultFlags(c, in), ExtraArgs(c, &in.TCP.Spec))
+	return conventions.Flags(DefaultFlags(c, in), ExtraArgs(c, &in.TCP.Spec))
 }
 
 // APIServerArgs is the kube-apiserver command line.
@@ -193,7 +171,7 @@ func apiServerDefaults(in Inputs) map[string]string {
 		"tls-private-key-file":             pathAPIServerKey,
 	}
 	if KonnectivityEnabled(in.TCP) {
-		defaults["egress-selector-config-file"] = pathEgressSelectorConfig
+		defaults["egress-selector-config-file"] = kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile
 	}
 	if StaticAdmissionSupported(s.Version) {
 		// The datastore quota's policy (admission.go). 1.36 has the gate
@@ -251,4 +229,4 @@ func schedulerDefaults() map[string]string {
 // MountDirs are the directories Apiary mounts into the control-plane
 // containers (certificates, keys, kubeconfigs, the konnectivity socket,
 // the admission policies).
-var MountDirs = []string{kubernetesDir, socketDir, admissionDir}
+var MountDirs = []string{kubernetesDir, konnectivity.SocketDir, admissionDir}

@@ -13,15 +13,13 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
+	"github.com/apiaryhq/apiary/images"
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render/conventions"
 )
 
 const (
-	defaultImageRepository = "registry.k8s.io"
-	// nonRootUID is the distroless "nonroot" user: the control-plane
-	// binaries need no privileges, only to read their mounted Secrets.
-	nonRootUID = int64(65532)
-
 	containerAPIServer         = "kube-apiserver"
 	containerControllerManager = "kube-controller-manager"
 	containerScheduler         = "kube-scheduler"
@@ -55,11 +53,7 @@ var MountedSecrets = []SecretKind{
 }
 
 func image(in Inputs, component string) string {
-	repo := in.ImageRepository
-	if repo == "" {
-		repo = defaultImageRepository
-	}
-	return repo + "/" + component + ":" + in.TCP.Spec.Version
+	return images.Ref(in.ImageRepository, component, in.TCP.Spec.Version)
 }
 
 // secretItems projects some keys of one of the tenant's Secrets to paths
@@ -93,7 +87,7 @@ func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfig
 	if KonnectivityEnabled(tcp) {
 		v.Projected.WithSources(corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().
 			WithName(KonnectivityConfigMapName(tcp)).
-			WithItems(corev1ac.KeyToPath().WithKey(KeyEgressSelectorConfig).WithPath(pathEgressSelectorConfig[rel:]))))
+			WithItems(corev1ac.KeyToPath().WithKey(KeyEgressSelectorConfig).WithPath(konnectivity.EgressSelectorConfigFile))))
 	}
 	return v
 }
@@ -126,17 +120,11 @@ var defaultRequests = map[string]corev1.ResourceList{
 	containerAPIServer:         {corev1.ResourceCPU: resource.MustParse("25m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
 	containerControllerManager: {corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("96Mi")},
 	containerScheduler:         {corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("48Mi")},
-	containerKonnectivity:      {corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+	konnectivity.ServerName:    {corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 }
 
 func resources(component string, spec apiary.ComponentSpec) *corev1ac.ResourceRequirementsApplyConfiguration {
-	requests := maps.Clone(defaultRequests[component])
-	maps.Copy(requests, spec.Resources.Requests)
-	r := corev1ac.ResourceRequirements().WithRequests(requests)
-	if len(spec.Resources.Limits) > 0 {
-		r.WithLimits(spec.Resources.Limits)
-	}
-	return r
+	return conventions.Resources(defaultRequests[component], spec.Resources)
 }
 
 func httpsProbe(path string, port int32, period, failures int32) *corev1ac.ProbeApplyConfiguration {
@@ -148,20 +136,14 @@ func httpsProbe(path string, port int32, period, failures int32) *corev1ac.Probe
 }
 
 func container(name string, in Inputs, args []string, spec apiary.ComponentSpec, port int32) *corev1ac.ContainerApplyConfiguration {
-	return corev1ac.Container().
+	return conventions.Harden(corev1ac.Container().
 		WithName(name).
 		WithImage(image(in, name)).
-		WithImagePullPolicy(corev1.PullIfNotPresent).
 		WithCommand(name).
 		WithArgs(args...).
 		WithPorts(corev1ac.ContainerPort().WithName(portName(name)).WithContainerPort(port).WithProtocol(corev1.ProtocolTCP)).
 		WithResources(resources(name, spec)).
-		WithVolumeMounts(corev1ac.VolumeMount().WithName(name).WithMountPath(kubernetesDir).WithReadOnly(true)).
-		WithSecurityContext(corev1ac.SecurityContext().
-			WithAllowPrivilegeEscalation(false).
-			WithReadOnlyRootFilesystem(true).
-			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))).
-		WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError)
+		WithVolumeMounts(corev1ac.VolumeMount().WithName(name).WithMountPath(kubernetesDir).WithReadOnly(true)))
 }
 
 func portName(container string) string {
@@ -210,10 +192,10 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 	if KonnectivityEnabled(tcp) {
 		// The API server dials konnectivity-server's socket on a volume
 		// they share.
-		apiServer.WithVolumeMounts(corev1ac.VolumeMount().WithName(volumeSocket).WithMountPath(socketDir))
+		apiServer.WithVolumeMounts(konnectivity.SocketMount())
 		containers = append(containers, konnectivityContainer(in))
 		volumes = append(volumes, konnectivityVolume(tcp),
-			corev1ac.Volume().WithName(volumeSocket).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
+			corev1ac.Volume().WithName(konnectivity.SocketVolume).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
 	}
 
 	pod := corev1ac.PodSpec().
@@ -222,19 +204,9 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 		// The pod never talks to the management cluster's API.
 		WithAutomountServiceAccountToken(false).
 		WithEnableServiceLinks(false).
-		WithSecurityContext(corev1ac.PodSecurityContext().
-			WithRunAsNonRoot(true).
-			WithRunAsUser(nonRootUID).
-			WithRunAsGroup(nonRootUID).
-			WithFSGroup(nonRootUID).
-			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithSecurityContext(conventions.PodSecurityContext()).
 		// Spread replicas over nodes when there are several.
-		WithAffinity(corev1ac.Affinity().WithPodAntiAffinity(corev1ac.PodAntiAffinity().
-			WithPreferredDuringSchedulingIgnoredDuringExecution(corev1ac.WeightedPodAffinityTerm().
-				WithWeight(100).
-				WithPodAffinityTerm(corev1ac.PodAffinityTerm().
-					WithTopologyKey(corev1.LabelHostname).
-					WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(selector))))))
+		WithAffinity(conventions.SpreadOverNodes(selector))
 
 	return appsv1ac.Deployment(DeploymentName(tcp), tcp.Namespace).
 		WithLabels(Labels(tcp)).

@@ -7,20 +7,23 @@ package render
 
 import (
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render/conventions"
 )
 
-// Labels and annotations on every object Apiary creates for a tenant.
+// Labels and annotations on every object Apiary creates for a tenant. All
+// but LabelTenant and AnnotationAdmissionHash are shared with the managed
+// etcds (package conventions).
 const (
 	LabelTenant    = "apiary.dev/tenant"
-	LabelManagedBy = "app.kubernetes.io/managed-by"
-	LabelComponent = "app.kubernetes.io/component"
-	LabelSecret    = "apiary.dev/secret"
-	ManagedBy      = "apiary"
+	LabelManagedBy = conventions.LabelManagedBy
+	LabelComponent = conventions.LabelComponent
+	LabelSecret    = conventions.LabelSecret
+	ManagedBy      = conventions.ManagedBy
 
 	// AnnotationConfigHash on the pod template is a hash of every Secret
 	// mounted into the control-plane pods: a change to any of them rolls the
 	// pods.
-	AnnotationConfigHash = "apiary.dev/config-hash"
+	AnnotationConfigHash = conventions.AnnotationConfigHash
 	// AnnotationAdmissionHash on a running control-plane pod is the hash of
 	// the quota policy its kubelet was last asked to write (the operator
 	// sets it on the pods, not the template: no rollout).
@@ -29,9 +32,9 @@ const (
 	componentControlPlane = "control-plane"
 )
 
-// SecretKind names one of the Secrets of a tenant; the Secret's name is
-// "<tenant>-<kind>".
-type SecretKind string
+// SecretKind names one of the Secrets of a tenant (or of a managed etcd,
+// see managedetcd); the Secret's name is "<tenant>-<kind>".
+type SecretKind = conventions.SecretKind
 
 const (
 	SecretCA                     SecretKind = "ca"
@@ -62,9 +65,9 @@ var AllSecretKinds = []SecretKind{
 
 // Keys inside the Secrets.
 const (
-	KeyTLSCert = "tls.crt"
-	KeyTLSKey  = "tls.key"
-	KeyCACert  = "ca.crt"
+	KeyTLSCert = conventions.KeyTLSCert
+	KeyTLSKey  = conventions.KeyTLSKey
+	KeyCACert  = conventions.KeyCACert
 	KeySAKey   = "sa.key"
 	KeySAPub   = "sa.pub"
 )

@@ -9,8 +9,9 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
 
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
-	"github.com/apiaryhq/apiary/tenant"
+	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 )
 
 // PolicyInputs are what the NetworkPolicies need to know about the
@@ -72,8 +73,8 @@ func TenantNetworkPolicy(tcp *apiary.TenantControlPlane, ds *apiary.DataStore, i
 		egress = append(egress, networkingv1ac.NetworkPolicyEgressRule().
 			WithTo(networkingv1ac.NetworkPolicyPeer().
 				WithNamespaceSelector(selector(map[string]string{corev1.LabelMetadataName: ds.Spec.Managed.Namespace})).
-				WithPodSelector(selector(EtcdSelector(ds)))).
-			WithPorts(tcpPort(etcdClientPort)))
+				WithPodSelector(selector(managedetcd.Selector(ds)))).
+			WithPorts(tcpPort(managedetcd.ClientPort)))
 	}
 	outside := networkingv1ac.NetworkPolicyEgressRule()
 	for _, cidr := range []string{"0.0.0.0/0", "::/0"} {
@@ -93,14 +94,15 @@ func TenantNetworkPolicy(tcp *apiary.TenantControlPlane, ds *apiary.DataStore, i
 			WithPodSelector(selector(SelectorLabels(tcp))).
 			WithPolicyTypes("Ingress", "Egress").
 			WithIngress(networkingv1ac.NetworkPolicyIngressRule().
-				WithPorts(tcpPort(tcp.Spec.Network.Port), tcpPort(tenant.KonnectivityAgentPort))).
+				WithPorts(tcpPort(tcp.Spec.Network.Port), tcpPort(konnectivity.AgentPort))).
 			WithEgress(egress...))
 }
 
 // EtcdNetworkPolicy confines a managed etcd's members: the client port
 // only from control-plane pods (each confined to its prefix by etcd's own
 // auth) and the operator, the peer port only from the other members, the
-// metrics port only from monitoring namespaces.
+// metrics port only from monitoring namespaces. It stays beside
+// TenantNetworkPolicy, whose egress it mirrors: the two are one boundary.
 func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.NetworkPolicyApplyConfiguration {
 	ingress := []*networkingv1ac.NetworkPolicyIngressRuleApplyConfiguration{
 		networkingv1ac.NetworkPolicyIngressRule().
@@ -111,21 +113,21 @@ func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.Ne
 				networkingv1ac.NetworkPolicyPeer().
 					WithNamespaceSelector(selector(map[string]string{corev1.LabelMetadataName: in.OperatorNamespace})).
 					WithPodSelector(selector(in.OperatorPodLabels))).
-			WithPorts(tcpPort(etcdClientPort)),
+			WithPorts(tcpPort(managedetcd.ClientPort)),
 		networkingv1ac.NetworkPolicyIngressRule().
-			WithFrom(networkingv1ac.NetworkPolicyPeer().WithPodSelector(selector(EtcdSelector(ds)))).
-			WithPorts(tcpPort(etcdPeerPort)),
+			WithFrom(networkingv1ac.NetworkPolicyPeer().WithPodSelector(selector(managedetcd.Selector(ds)))).
+			WithPorts(tcpPort(managedetcd.PeerPort)),
 	}
 	if len(in.MonitoringNamespaceLabels) > 0 {
 		ingress = append(ingress, networkingv1ac.NetworkPolicyIngressRule().
 			WithFrom(networkingv1ac.NetworkPolicyPeer().WithNamespaceSelector(selector(in.MonitoringNamespaceLabels))).
-			WithPorts(tcpPort(etcdMetricsPort)))
+			WithPorts(tcpPort(managedetcd.MetricsPort)))
 	}
-	return networkingv1ac.NetworkPolicy(NetworkPolicyName(EtcdName(ds)), ds.Spec.Managed.Namespace).
-		WithLabels(EtcdLabels(ds)).
-		WithOwnerReferences(dataStoreOwnerAC(ds)).
+	return networkingv1ac.NetworkPolicy(NetworkPolicyName(managedetcd.Name(ds)), ds.Spec.Managed.Namespace).
+		WithLabels(managedetcd.Labels(ds)).
+		WithOwnerReferences(managedetcd.OwnerReference(ds)).
 		WithSpec(networkingv1ac.NetworkPolicySpec().
-			WithPodSelector(selector(EtcdSelector(ds))).
+			WithPodSelector(selector(managedetcd.Selector(ds))).
 			WithPolicyTypes("Ingress").
 			WithIngress(ingress...))
 }

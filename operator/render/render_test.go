@@ -46,6 +46,31 @@ func TestDeploymentGoldenCustomised(t *testing.T) {
 	golden.YAML(t, "deployment-customised", Deployment(in))
 }
 
+// Every image of the pod comes from the configured repository, written
+// with or without a trailing "/".
+func TestImageRepository(t *testing.T) {
+	in := inputs(fixture())
+	in.ImageRepository = "mirror.example.com/k8s/"
+	for _, c := range Deployment(in).Spec.Template.Spec.Containers {
+		if img := *c.Image; !strings.HasPrefix(img, "mirror.example.com/k8s/") || strings.Contains(img, "//") {
+			t.Errorf("%s: image %s", *c.Name, img)
+		}
+	}
+}
+
+// The webhook refuses extraArgs that point into MountDirs: every directory
+// a control-plane container mounts (konnectivity-server's too) must be in
+// it.
+func TestMountDirsCoverEveryMount(t *testing.T) {
+	for _, c := range Deployment(inputs(fixture())).Spec.Template.Spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if !slices.ContainsFunc(MountDirs, func(d string) bool { return *m.MountPath == d || strings.HasPrefix(*m.MountPath, d+"/") }) {
+				t.Errorf("%s mounts %s, outside MountDirs %v", *c.Name, *m.MountPath, MountDirs)
+			}
+		}
+	}
+}
+
 func TestServiceGolden(t *testing.T) {
 	golden.YAML(t, "service", Service(fixture()))
 	tcp := fixture()
@@ -166,68 +191,6 @@ func managedFixture(replicas int32) *apiary.DataStore {
 		Spec: apiary.DataStoreSpec{Managed: &apiary.ManagedEtcd{
 			Namespace: "apiary-system", Replicas: replicas, Version: "3.6.16",
 		}},
-	}
-}
-
-func TestManagedEtcdGolden(t *testing.T) {
-	in := EtcdInputs{DataStore: managedFixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210", PeerCAOnly: true}
-	golden.YAML(t, "etcd-statefulset", EtcdStatefulSet(in))
-	golden.YAML(t, "etcd-service", EtcdService(in.DataStore))
-	golden.YAML(t, "etcd-pdb", EtcdPodDisruptionBudget(in.DataStore))
-	dev := managedFixture(1)
-	dev.Spec.Managed.Storage.EmptyDir = true
-	golden.YAML(t, "etcd-statefulset-emptydir", EtcdStatefulSet(EtcdInputs{DataStore: dev, ClusterDomain: "cluster.local", ConfigHash: "0"}))
-}
-
-func TestManagedEtcdNames(t *testing.T) {
-	ds := managedFixture(3)
-	eps := EtcdEndpoints(ds, "cluster.local")
-	want := []string{
-		"https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2379",
-		"https://default-etcd-1.default-etcd.apiary-system.svc.cluster.local:2379",
-		"https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2379",
-	}
-	if !slices.Equal(eps, want) {
-		t.Errorf("endpoints %v", eps)
-	}
-	// Every member's name is covered by the serving certificate.
-	req := EtcdServingCertRequest(ds, "cluster.local", true)
-	if !slices.Contains(req.DNSNames, "*.default-etcd.apiary-system.svc.cluster.local") {
-		t.Errorf("SANs %v", req.DNSNames)
-	}
-	args := EtcdArgs(EtcdInputs{DataStore: ds, ClusterDomain: "cluster.local"})
-	for _, a := range []string{
-		"--initial-cluster=default-etcd-0=https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-1=https://default-etcd-1.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-2=https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2380",
-		"--client-cert-auth=true", "--peer-client-cert-auth=true", "--auto-compaction-mode=periodic",
-		// 80 % of the default 1Gi volume.
-		"--quota-backend-bytes=858993456",
-		"--peer-trusted-ca-file=/etc/etcd/pki/peer-trust.crt",
-	} {
-		if !slices.Contains(args, a) {
-			t.Errorf("missing %s in %v", a, args)
-		}
-	}
-	// The peer common name is required only once the client CA is no
-	// longer trusted on the peer port.
-	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--peer-cert-allowed-cn") }) {
-		t.Errorf("peer-cert-allowed-cn while moving to the peer CA: %v", args)
-	}
-	separate := EtcdArgs(EtcdInputs{DataStore: ds, ClusterDomain: "cluster.local", PeerCAOnly: true})
-	if !slices.Contains(separate, "--peer-cert-allowed-cn="+EtcdPeerCN) {
-		t.Errorf("separate peer CA without peer-cert-allowed-cn: %v", separate)
-	}
-}
-
-func TestEtcdQuotaBytes(t *testing.T) {
-	for size, want := range map[string]int64{"": 858993456, "10Gi": 8589934592, "500M": 400000000} {
-		m := &apiary.ManagedEtcd{}
-		if size != "" {
-			q := resource.MustParse(size)
-			m.Storage.Size = &q
-		}
-		if got := EtcdQuotaBytes(m); got != want {
-			t.Errorf("size %q: quota %d, want %d", size, got, want)
-		}
 	}
 }
 

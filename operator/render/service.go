@@ -5,6 +5,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
@@ -24,7 +25,7 @@ func Service(tcp *apiary.TenantControlPlane) *corev1ac.ServiceApplyConfiguration
 			WithPort(n.Port).
 			WithTargetPort(intstr.FromString("https")))
 	if KonnectivityEnabled(tcp) {
-		spec.WithPorts(konnectivityServicePort())
+		spec.WithPorts(konnectivity.ServicePort())
 	}
 	svc := corev1ac.Service(ServiceName(tcp), tcp.Namespace).
 		WithLabels(Labels(tcp)).
