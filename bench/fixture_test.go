@@ -159,13 +159,3 @@ func issueAll(tcp *apiary.TenantControlPlane, ds dataStoreCA) (map[render.Secret
 	}
 	return out, nil
 }
-
-// mounted is the ConfigHash input: the mounted Secrets by name, as the
-// reconciler builds it.
-func mounted(secrets map[render.SecretKind]map[string][]byte) map[string]map[string][]byte {
-	m := make(map[string]map[string][]byte, len(render.MountedSecrets))
-	for _, kind := range render.MountedSecrets {
-		m[string(kind)] = secrets[kind]
-	}
-	return m
-}

@@ -102,7 +102,7 @@ func clusterConfiguration(in Inputs) (string, error) {
 		"apiVersion":           "kubeadm.k8s.io/v1beta4",
 		"kind":                 "ClusterConfiguration",
 		"clusterName":          tcp.Name,
-		"kubernetesVersion":    tcp.Spec.Version,
+		"kubernetesVersion":    in.Version,
 		"controlPlaneEndpoint": in.controlPlaneEndpoint(),
 		"certificatesDir":      KubeletPKIDir,
 		"imageRepository":      images.Repository(in.ImageRepository),

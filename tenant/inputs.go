@@ -37,6 +37,11 @@ var Parts = []Part{PartBootstrap, PartCoreDNS, PartKubeProxy, PartKonnectivity}
 // Inputs are what the objects inside a tenant depend on.
 type Inputs struct {
 	TCP *apiary.TenantControlPlane
+	// Version is the Kubernetes version the tenant runs
+	// (TenantControlPlane.RunningVersion): kubeadm-config and kube-proxy
+	// follow it, not spec.version, so that an upgrade in progress never
+	// puts anything newer than a running kube-apiserver inside the tenant.
+	Version string
 	// Server is the URL nodes and in-cluster components reach the tenant
 	// API at (the tenant Service's public endpoint).
 	Server string

@@ -59,7 +59,7 @@ func kubeProxy(in Inputs) ([]any, error) {
 					WithNodeSelector(map[string]string{"kubernetes.io/os": "linux"}).
 					WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
 					WithContainers(corev1ac.Container().WithName("kube-proxy").
-						WithImage(in.image("kube-proxy", in.TCP.Spec.Version)).
+						WithImage(in.image("kube-proxy", in.Version)).
 						WithCommand("/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=$(NODE_NAME)").
 						WithEnv(corev1ac.EnvVar().WithName("NODE_NAME").WithValueFrom(corev1ac.EnvVarSource().
 							WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("spec.nodeName")))).

@@ -20,7 +20,7 @@ const testCA = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----
 func fixture() Inputs {
 	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "0a1b2c3d-0000-4000-8000-000000000001"}}
 	tcp.Default()
-	return Inputs{TCP: tcp, Server: "https://192.0.2.10:6443", CACert: []byte(testCA)}
+	return Inputs{TCP: tcp, Version: tcp.Spec.Version, Server: "https://192.0.2.10:6443", CACert: []byte(testCA)}
 }
 
 func TestPartsGolden(t *testing.T) {
@@ -152,4 +152,45 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, ns, name string
 	}
 	t.Fatalf("no %s %s/%s", kind, ns, name)
 	return nil
+}
+
+// Inside the tenant, versions follow the version it runs, not the one
+// its spec asks for: mid-upgrade, kubeadm-config and kube-proxy stay at
+// the running kube-apiserver's.
+func TestObjectsFollowTheRunningVersion(t *testing.T) {
+	in := fixture()
+	in.TCP.Spec.Version = "v1.99.0"
+	in.Version = "v1.37.2"
+	for _, p := range []Part{PartBootstrap, PartKubeProxy} {
+		objs, err := Render(in, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			b, err := o.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(b), "v1.99.0") {
+				t.Errorf("%s %s carries spec.version v1.99.0", o.GetKind(), o.GetName())
+			}
+		}
+	}
+	cm := find(t, mustRender(t, in, PartBootstrap), "ConfigMap", "kube-system", "kubeadm-config")
+	if !strings.Contains(cm.Object["data"].(map[string]any)["ClusterConfiguration"].(string), "kubernetesVersion: v1.37.2") {
+		t.Error("kubeadm-config does not name the running version")
+	}
+	ds := find(t, mustRender(t, in, PartKubeProxy), "DaemonSet", "kube-system", "kube-proxy")
+	if b, _ := ds.MarshalJSON(); !strings.Contains(string(b), "kube-proxy:v1.37.2") {
+		t.Error("kube-proxy does not run the running version")
+	}
+}
+
+func mustRender(t *testing.T, in Inputs, p Part) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := Render(in, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
 }

@@ -349,7 +349,10 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 	}
 	installCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	bundle, err := hosts.ResolveBundle(installCtx, repo+":"+tcp.Spec.Version, r.NodeBundleInsecure)
+	// The version the tenant runs, not spec.version: a host installed while
+	// an upgrade rolls must not run a kubelet newer than a kube-apiserver.
+	version := tcp.RunningVersion()
+	bundle, err := hosts.ResolveBundle(installCtx, repo+":"+version, r.NodeBundleInsecure)
 	if err != nil {
 		return fail(ReasonInstallFailed, err.Error())
 	}
@@ -361,7 +364,7 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 	if err := hosts.Install(installCtx, c, bundle); err != nil {
 		return fail(ReasonInstallFailed, err.Error())
 	}
-	r.succeedStep(step, fmt.Sprintf("kubelet, kubeadm, kubectl %s and CNI plugins from %s", tcp.Spec.Version, bundle.Ref))
+	r.succeedStep(step, fmt.Sprintf("kubelet, kubeadm, kubectl %s and CNI plugins from %s", version, bundle.Ref))
 	r.setCondition(h, apiary.HostConditionInstalled, metav1.ConditionTrue, ReasonInstalled, step.Message)
 	return ctrl.Result{}
 }

@@ -190,7 +190,7 @@ func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp 
 		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, errNoAdminKubeconfig.Error())
 		return errNoAdminKubeconfig
 	}
-	in := tenant.Inputs{TCP: tcp, Server: server, CACert: caPEM, ImageRepository: r.ImageRepository}
+	in := tenant.Inputs{TCP: tcp, Version: tcp.RunningVersion(), Server: server, CACert: caPEM, ImageRepository: r.ImageRepository}
 	resync := r.BootstrapResync
 	if resync == 0 {
 		resync = DefaultBootstrapResync

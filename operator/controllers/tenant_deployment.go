@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"net"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,21 +26,14 @@ func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, 
 	if err := r.applyAdmission(ctx, tcp, quota.exceeded); err != nil {
 		return quota, err
 	}
-	mounted := map[string]map[string][]byte{}
-	for _, kind := range render.MountedSecrets {
-		mounted[string(kind)] = cr.data[kind]
-	}
-	advertise := ep.Host
-	if net.ParseIP(advertise) == nil {
-		advertise = ep.ClusterIP
-	}
 	dep := render.Deployment(render.Inputs{
-		TCP:              tcp,
-		AdvertiseAddress: advertise,
-		EtcdServers:      dsCfg.Endpoints,
-		EtcdPrefix:       tcp.Status.DataStore.Prefix,
-		ConfigHash:       render.ConfigHash(mounted),
-		ImageRepository:  r.ImageRepository,
+		TCP:             tcp,
+		Version:         tcp.Spec.Version,
+		Endpoint:        ep,
+		EtcdServers:     dsCfg.Endpoints,
+		EtcdPrefix:      tcp.Status.DataStore.Prefix,
+		Secrets:         cr.data,
+		ImageRepository: r.ImageRepository,
 	})
 	if err := r.Client.Apply(ctx, dep, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return quota, fmt.Errorf("applying Deployment: %w", err)

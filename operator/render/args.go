@@ -1,6 +1,7 @@
 package render
 
 import (
+	"net"
 	"strconv"
 	"strings"
 
@@ -40,23 +41,50 @@ const (
 	schedulerPort         = 10259
 )
 
-// Inputs are the facts a render needs besides the (defaulted) spec.
+// Inputs are the facts a render needs besides the (defaulted) spec. Every
+// observed fact is here, named; the render functions compute the rest.
 type Inputs struct {
 	// TCP is the tenant, already defaulted.
 	TCP *apiary.TenantControlPlane
-	// AdvertiseAddress is the IP clients reach the tenant API at (the
-	// LoadBalancer address, the node address of a NodePort or the ClusterIP).
-	// kube-apiserver publishes it in the tenant's kubernetes Service.
-	AdvertiseAddress string
+	// Version is the Kubernetes version of the control plane to render
+	// (image tags, version-gated flags): spec.version for a rollout. It is
+	// not the version the tenant runs (status.version), which the objects
+	// inside the tenant follow.
+	Version string
+	// Endpoint is where clients reach the tenant API (the LoadBalancer
+	// address, the node address of a NodePort or the ClusterIP).
+	Endpoint Endpoint
 	// EtcdServers are the DataStore's client URLs.
 	EtcdServers []string
 	// EtcdPrefix is the tenant's key prefix.
 	EtcdPrefix string
-	// ConfigHash is a hash of every Secret mounted into the pods.
-	ConfigHash string
+	// Secrets holds the data of the tenant's Secrets by kind; those in
+	// MountedSecrets are hashed into the pods, so that new credentials roll
+	// them.
+	Secrets map[SecretKind]map[string][]byte
 	// ImageRepository replaces registry.k8s.io in image names (air-gapped
 	// installs); empty means registry.k8s.io.
 	ImageRepository string
+}
+
+// AdvertiseAddress is the IP kube-apiserver publishes in the tenant's
+// kubernetes Service: the endpoint's when it is an IP, else (a
+// LoadBalancer with a hostname) the Service's ClusterIP.
+func (in Inputs) AdvertiseAddress() string {
+	if net.ParseIP(in.Endpoint.Host) != nil {
+		return in.Endpoint.Host
+	}
+	return in.Endpoint.ClusterIP
+}
+
+// ConfigHash hashes the mounted Secrets: it changes, and the pods roll,
+// whenever a credential they read does.
+func (in Inputs) ConfigHash() string {
+	mounted := map[string]map[string][]byte{}
+	for _, kind := range MountedSecrets {
+		mounted[string(kind)] = in.Secrets[kind]
+	}
+	return ConfigHash(mounted)
 }
 
 // featureGates is merged, not replaced, by extraArgs (see
@@ -114,7 +142,7 @@ func apiServerDefaults(in Inputs) map[string]string {
 	s := in.TCP.Spec
 	port := strconv.Itoa(int(s.Network.Port))
 	defaults := map[string]string{
-		"advertise-address":           in.AdvertiseAddress,
+		"advertise-address":           in.AdvertiseAddress(),
 		"allow-privileged":            "true",
 		"authorization-mode":          "Node,RBAC",
 		"bind-address":                "0.0.0.0",
@@ -173,7 +201,7 @@ func apiServerDefaults(in Inputs) map[string]string {
 	if KonnectivityEnabled(in.TCP) {
 		defaults["egress-selector-config-file"] = kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile
 	}
-	if StaticAdmissionSupported(s.Version) {
+	if StaticAdmissionSupported(in.Version) {
 		// The datastore quota's policy (admission.go). 1.36 has the gate
 		// as alpha, off by default.
 		defaults["admission-control-config-file"] = pathAdmissionConfig

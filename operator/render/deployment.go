@@ -53,7 +53,7 @@ var MountedSecrets = []SecretKind{
 }
 
 func image(in Inputs, component string) string {
-	return images.Ref(in.ImageRepository, component, in.TCP.Spec.Version)
+	return images.Ref(in.ImageRepository, component, in.Version)
 }
 
 // secretItems projects some keys of one of the tenant's Secrets to paths
@@ -71,7 +71,8 @@ const rel = len(kubernetesDir) + 1
 // Each container sees exactly the files it needs under /etc/kubernetes: the
 // API server never gets the CA keys; the controller-manager gets the cluster
 // CA key (it signs kubelet certificates) but no serving or etcd credentials.
-func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
+func apiServerVolume(in Inputs) *corev1ac.VolumeApplyConfiguration {
+	tcp := in.TCP
 	v := projectedVolume(containerAPIServer,
 		secretItems(tcp, SecretCA, KeyTLSCert, pathCACert[rel:]),
 		secretItems(tcp, SecretAPIServer, KeyTLSCert, pathAPIServerCert[rel:], KeyTLSKey, pathAPIServerKey[rel:]),
@@ -81,7 +82,7 @@ func apiServerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfig
 		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:], KeySAPub, pathSAPub[rel:]),
 		secretItems(tcp, SecretDataStoreClient, KeyCACert, pathEtcdCACert[rel:], KeyTLSCert, pathEtcdClientCert[rel:], KeyTLSKey, pathEtcdClientKey[rel:]),
 	)
-	if StaticAdmissionSupported(tcp.Spec.Version) {
+	if StaticAdmissionSupported(in.Version) {
 		v.Projected.WithSources(admissionConfigProjection(tcp))
 	}
 	if KonnectivityEnabled(tcp) {
@@ -184,8 +185,8 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 	maps.Copy(podLabels, selector)
 
 	containers := []*corev1ac.ContainerApplyConfiguration{apiServer, controllerManager, scheduler}
-	volumes := []*corev1ac.VolumeApplyConfiguration{apiServerVolume(tcp), controllerManagerVolume(tcp), schedulerVolume(tcp)}
-	if StaticAdmissionSupported(s.Version) {
+	volumes := []*corev1ac.VolumeApplyConfiguration{apiServerVolume(in), controllerManagerVolume(tcp), schedulerVolume(tcp)}
+	if StaticAdmissionSupported(in.Version) {
 		apiServer.WithVolumeMounts(corev1ac.VolumeMount().WithName(volumePolicies).WithMountPath(policiesDir).WithReadOnly(true))
 		volumes = append(volumes, admissionPoliciesVolume(tcp))
 	}
@@ -223,7 +224,7 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 					WithMaxSurge(intstr.FromInt32(1)))).
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(podLabels).
-				WithAnnotations(map[string]string{AnnotationConfigHash: in.ConfigHash}).
+				WithAnnotations(map[string]string{AnnotationConfigHash: in.ConfigHash()}).
 				WithSpec(pod)))
 }
 

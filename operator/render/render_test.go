@@ -23,11 +23,12 @@ func fixture() *apiary.TenantControlPlane {
 
 func inputs(tcp *apiary.TenantControlPlane) Inputs {
 	return Inputs{
-		TCP:              tcp,
-		AdvertiseAddress: "192.0.2.10",
-		EtcdServers:      []string{"https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379"},
-		EtcdPrefix:       "/apiary/" + string(tcp.UID),
-		ConfigHash:       "0123456789abcdef",
+		TCP:         tcp,
+		Version:     tcp.Spec.Version,
+		Endpoint:    Endpoint{Host: "192.0.2.10", Port: tcp.Spec.Network.Port, ClusterIP: "10.96.0.20"},
+		EtcdServers: []string{"https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379"},
+		EtcdPrefix:  "/apiary/" + string(tcp.UID),
+		Secrets:     map[SecretKind]map[string][]byte{SecretCA: {KeyTLSCert: []byte("ca")}},
 	}
 }
 
@@ -244,6 +245,43 @@ func TestStaticAdmissionOnlyFrom136(t *testing.T) {
 		}
 		if hasFlag != want || hasGate != want || hasVolume != want {
 			t.Errorf("%s: flag %t, gate %t, volume %t; want %t", v, hasFlag, hasGate, hasVolume, want)
+		}
+	}
+}
+
+// The pods roll when a credential they mount changes, and only then: the
+// admin kubeconfig is not mounted.
+func TestConfigHashFollowsMountedSecrets(t *testing.T) {
+	in := inputs(fixture())
+	base := Deployment(in).Spec.Template.Annotations[AnnotationConfigHash]
+	in.Secrets = map[SecretKind]map[string][]byte{SecretCA: {KeyTLSCert: []byte("ca")}, SecretAdminKubeconfig: {"admin.conf": []byte("x")}}
+	if got := Deployment(in).Spec.Template.Annotations[AnnotationConfigHash]; got != base {
+		t.Errorf("an unmounted Secret changed the hash: %s → %s", base, got)
+	}
+	in.Secrets = map[SecretKind]map[string][]byte{SecretCA: {KeyTLSCert: []byte("renewed")}}
+	if got := Deployment(in).Spec.Template.Annotations[AnnotationConfigHash]; got == base {
+		t.Error("a renewed mounted Secret kept the hash: the pods would not roll")
+	}
+}
+
+// kube-apiserver advertises an IP: the endpoint's, or the Service's
+// ClusterIP when the LoadBalancer gave a hostname.
+func TestAdvertiseAddress(t *testing.T) {
+	for _, c := range []struct {
+		ep   Endpoint
+		want string
+	}{
+		{Endpoint{Host: "192.0.2.10", ClusterIP: "10.96.0.20"}, "192.0.2.10"},
+		{Endpoint{Host: "2001:db8::10", ClusterIP: "10.96.0.20"}, "2001:db8::10"},
+		{Endpoint{Host: "lb.example.com", ClusterIP: "10.96.0.20"}, "10.96.0.20"},
+	} {
+		in := inputs(fixture())
+		in.Endpoint = c.ep
+		if got := in.AdvertiseAddress(); got != c.want {
+			t.Errorf("%+v: %s, want %s", c.ep, got, c.want)
+		}
+		if !slices.Contains(APIServerArgs(in), "--advertise-address="+c.want) {
+			t.Errorf("%+v: --advertise-address=%s not in the arguments", c.ep, c.want)
 		}
 	}
 }

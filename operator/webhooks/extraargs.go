@@ -112,7 +112,7 @@ var protectedDefaults = func() map[render.Component]map[string]bool {
 	out := map[render.Component]map[string]bool{}
 	for _, c := range render.Components {
 		out[c] = map[string]bool{}
-		for k := range render.DefaultFlags(c, render.Inputs{TCP: tcp}) {
+		for k := range render.DefaultFlags(c, render.Inputs{TCP: tcp, Version: tcp.Spec.Version}) {
 			if !slices.Contains(tunable[c], k) {
 				out[c][k] = true
 			}

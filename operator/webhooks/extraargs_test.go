@@ -119,7 +119,7 @@ func FuzzExtraArgs(f *testing.F) {
 		if errs := Validate(tcp); len(errs) > 0 {
 			return
 		}
-		in := render.Inputs{TCP: tcp, AdvertiseAddress: "192.0.2.10", EtcdServers: []string{"https://etcd:2379"}, EtcdPrefix: "/tenants/x"}
+		in := render.Inputs{TCP: tcp, Version: tcp.Spec.Version, Endpoint: render.Endpoint{Host: "192.0.2.10"}, EtcdServers: []string{"https://etcd:2379"}, EtcdPrefix: "/tenants/x"}
 		args := render.Args(c, in)
 		for name, value := range render.DefaultFlags(c, in) {
 			if ProtectedFlag(c, name) == "" {

@@ -18,3 +18,16 @@ const (
 func (t *TenantControlPlane) AdminKubeconfigSecretName() string {
 	return t.Name + "-admin-kubeconfig"
 }
+
+// RunningVersion is the Kubernetes version the tenant runs: status.version
+// once a control plane has fully rolled out, else spec.version (nothing
+// else can be running yet). What Apiary puts inside the tenant and on its
+// hosts (kubeadm-config, kube-proxy, node bundles) follows it, never
+// spec.version, so that nothing is newer than a running kube-apiserver
+// while an upgrade rolls.
+func (t *TenantControlPlane) RunningVersion() string {
+	if t.Status.Version != "" {
+		return t.Status.Version
+	}
+	return t.Spec.Version
+}
