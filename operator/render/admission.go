@@ -175,9 +175,3 @@ func admissionPoliciesVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApp
 		WithDefaultMode(0o440).
 		WithItems(corev1ac.KeyToPath().WithKey(KeyQuotaPolicy).WithPath(KeyQuotaPolicy)))
 }
-
-func admissionConfigProjection(tcp *apiary.TenantControlPlane) *corev1ac.VolumeProjectionApplyConfiguration {
-	return corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().
-		WithName(AdmissionConfigMapName(tcp)).
-		WithItems(corev1ac.KeyToPath().WithKey(KeyAdmissionConfig).WithPath(pathAdmissionConfig[rel:])))
-}

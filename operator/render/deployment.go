@@ -56,57 +56,92 @@ func image(in Inputs, component string) string {
 	return images.Ref(in.ImageRepository, component, in.Version)
 }
 
-// secretItems projects some keys of one of the tenant's Secrets to paths
-// relative to /etc/kubernetes.
-func secretItems(tcp *apiary.TenantControlPlane, kind SecretKind, keyToPath ...string) *corev1ac.VolumeProjectionApplyConfiguration {
-	src := corev1ac.SecretProjection().WithName(SecretName(tcp, kind))
-	for i := 0; i+1 < len(keyToPath); i += 2 {
-		src.WithItems(corev1ac.KeyToPath().WithKey(keyToPath[i]).WithPath(keyToPath[i+1]))
-	}
-	return corev1ac.VolumeProjection().WithSecret(src)
+// mountedFile is one file a control-plane container reads under
+// /etc/kubernetes: a key of one of the tenant's Secrets or ConfigMaps. The
+// same tables build the Deployment's projected volumes and a registered
+// host's files and mounts (staticpods.go), so both forms read the same
+// files at the same paths.
+type mountedFile struct {
+	secret    SecretKind
+	configMap string
+	key       string
+	// path is absolute, under /etc/kubernetes.
+	path string
 }
 
-const rel = len(kubernetesDir) + 1
+func secretFiles(kind SecretKind, keyToPath ...string) []mountedFile {
+	var out []mountedFile
+	for i := 0; i+1 < len(keyToPath); i += 2 {
+		out = append(out, mountedFile{secret: kind, key: keyToPath[i], path: keyToPath[i+1]})
+	}
+	return out
+}
 
 // Each container sees exactly the files it needs under /etc/kubernetes: the
 // API server never gets the CA keys; the controller-manager gets the cluster
 // CA key (it signs kubelet certificates) but no serving or etcd credentials.
-func apiServerVolume(in Inputs) *corev1ac.VolumeApplyConfiguration {
+func apiServerFiles(in Inputs) []mountedFile {
 	tcp := in.TCP
-	v := projectedVolume(containerAPIServer,
-		secretItems(tcp, SecretCA, KeyTLSCert, pathCACert[rel:]),
-		secretItems(tcp, SecretAPIServer, KeyTLSCert, pathAPIServerCert[rel:], KeyTLSKey, pathAPIServerKey[rel:]),
-		secretItems(tcp, SecretAPIServerKubeletClient, KeyTLSCert, pathKubeletClientCert[rel:], KeyTLSKey, pathKubeletClientKey[rel:]),
-		secretItems(tcp, SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert[rel:]),
-		secretItems(tcp, SecretFrontProxyClient, KeyTLSCert, pathFrontProxyClientCert[rel:], KeyTLSKey, pathFrontProxyClientKey[rel:]),
-		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:], KeySAPub, pathSAPub[rel:]),
-		secretItems(tcp, SecretDataStoreClient, KeyCACert, pathEtcdCACert[rel:], KeyTLSCert, pathEtcdClientCert[rel:], KeyTLSKey, pathEtcdClientKey[rel:]),
+	files := slices.Concat(
+		secretFiles(SecretCA, KeyTLSCert, pathCACert),
+		secretFiles(SecretAPIServer, KeyTLSCert, pathAPIServerCert, KeyTLSKey, pathAPIServerKey),
+		secretFiles(SecretAPIServerKubeletClient, KeyTLSCert, pathKubeletClientCert, KeyTLSKey, pathKubeletClientKey),
+		secretFiles(SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert),
+		secretFiles(SecretFrontProxyClient, KeyTLSCert, pathFrontProxyClientCert, KeyTLSKey, pathFrontProxyClientKey),
+		secretFiles(SecretServiceAccount, KeySAKey, pathSAKey, KeySAPub, pathSAPub),
+		secretFiles(SecretDataStoreClient, KeyCACert, pathEtcdCACert, KeyTLSCert, pathEtcdClientCert, KeyTLSKey, pathEtcdClientKey),
 	)
 	if StaticAdmissionSupported(in.Version) {
-		v.Projected.WithSources(admissionConfigProjection(tcp))
+		files = append(files, mountedFile{configMap: AdmissionConfigMapName(tcp), key: KeyAdmissionConfig, path: pathAdmissionConfig})
 	}
 	if KonnectivityEnabled(tcp) {
-		v.Projected.WithSources(corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().
-			WithName(KonnectivityConfigMapName(tcp)).
-			WithItems(corev1ac.KeyToPath().WithKey(KeyEgressSelectorConfig).WithPath(konnectivity.EgressSelectorConfigFile))))
+		files = append(files, mountedFile{configMap: KonnectivityConfigMapName(tcp), key: KeyEgressSelectorConfig, path: kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile})
 	}
-	return v
+	return files
 }
 
-func controllerManagerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
-	return projectedVolume(containerControllerManager,
-		secretItems(tcp, SecretCA, KeyTLSCert, pathCACert[rel:], KeyTLSKey, pathCAKey[rel:]),
-		secretItems(tcp, SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert[rel:]),
-		secretItems(tcp, SecretServiceAccount, KeySAKey, pathSAKey[rel:]),
-		secretItems(tcp, SecretControllerManagerConfig, apiary.KubeconfigKey, pathControllerManagerCfg[rel:]),
+func controllerManagerFiles() []mountedFile {
+	return slices.Concat(
+		secretFiles(SecretCA, KeyTLSCert, pathCACert, KeyTLSKey, pathCAKey),
+		secretFiles(SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert),
+		secretFiles(SecretServiceAccount, KeySAKey, pathSAKey),
+		secretFiles(SecretControllerManagerConfig, apiary.KubeconfigKey, pathControllerManagerCfg),
 	)
 }
 
-func schedulerVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
-	return projectedVolume(containerScheduler,
-		secretItems(tcp, SecretSchedulerConfig, apiary.KubeconfigKey, pathSchedulerCfg[rel:]),
+func schedulerFiles() []mountedFile {
+	return secretFiles(SecretSchedulerConfig, apiary.KubeconfigKey, pathSchedulerCfg)
+}
+
+func konnectivityFiles() []mountedFile {
+	dir := konnectivity.ConfigDir + "/"
+	return slices.Concat(
+		secretFiles(SecretKonnectivityServer, KeyTLSCert, dir+konnectivity.CertFile, KeyTLSKey, dir+konnectivity.KeyFile),
+		secretFiles(SecretKonnectivityKubeconfig, apiary.KubeconfigKey, dir+konnectivity.KubeconfigFile),
 	)
 }
+
+// projectedFiles is a volume of the files, mounted at /etc/kubernetes: one
+// projection per run of files from the same Secret or ConfigMap.
+func projectedFiles(tcp *apiary.TenantControlPlane, name string, files []mountedFile) *corev1ac.VolumeApplyConfiguration {
+	var sources []*corev1ac.VolumeProjectionApplyConfiguration
+	for i := 0; i < len(files); {
+		j := i
+		var items []*corev1ac.KeyToPathApplyConfiguration
+		for ; j < len(files) && files[j].secret == files[i].secret && files[j].configMap == files[i].configMap; j++ {
+			items = append(items, corev1ac.KeyToPath().WithKey(files[j].key).WithPath(files[j].path[rel:]))
+		}
+		if files[i].configMap != "" {
+			sources = append(sources, corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().WithName(files[i].configMap).WithItems(items...)))
+		} else {
+			sources = append(sources, corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().WithName(SecretName(tcp, files[i].secret)).WithItems(items...)))
+		}
+		i = j
+	}
+	return projectedVolume(name, sources...)
+}
+
+const rel = len(kubernetesDir) + 1
 
 func projectedVolume(name string, sources ...*corev1ac.VolumeProjectionApplyConfiguration) *corev1ac.VolumeApplyConfiguration {
 	return corev1ac.Volume().WithName(name).WithProjected(
@@ -144,6 +179,7 @@ func container(name string, in Inputs, args []string, spec apiary.ComponentSpec,
 		WithArgs(args...).
 		WithPorts(corev1ac.ContainerPort().WithName(portName(name)).WithContainerPort(port).WithProtocol(corev1.ProtocolTCP)).
 		WithResources(resources(name, spec)).
+		// The component's files (mountedFile), by the component's name.
 		WithVolumeMounts(corev1ac.VolumeMount().WithName(name).WithMountPath(kubernetesDir).WithReadOnly(true)))
 }
 
@@ -158,11 +194,22 @@ func portName(container string) string {
 	}
 }
 
-// Deployment is the tenant's control plane: kube-apiserver,
-// kube-controller-manager and kube-scheduler in one pod, N replicas.
-func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
-	tcp := in.TCP
-	s := tcp.Spec
+// component is one container of the control plane and the files it reads
+// under /etc/kubernetes (mounted from its volume of the same name in the
+// Deployment; from the host's files in a static Pod).
+type component struct {
+	name      string
+	container *corev1ac.ContainerApplyConfiguration
+	files     []mountedFile
+}
+
+// controlPlane is the control plane's containers in pod order: the one
+// source of both forms, the Deployment and the static Pods. Besides its
+// files, kube-apiserver mounts the admission policies (volumePolicies) and
+// konnectivity's socket (konnectivity.SocketVolume), which each form
+// provides in its own way.
+func controlPlane(in Inputs) []component {
+	s := in.TCP.Spec
 	port := s.Network.Port
 
 	// Only the API server gates the pod's readiness (it alone serves the
@@ -179,25 +226,48 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 		WithLivenessProbe(httpsProbe("/healthz", controllerManagerPort, 10, 6).WithInitialDelaySeconds(10))
 	scheduler := container(containerScheduler, in, SchedulerArgs(in), s.Scheduler, schedulerPort).
 		WithLivenessProbe(httpsProbe("/healthz", schedulerPort, 10, 6).WithInitialDelaySeconds(10))
+	if StaticAdmissionSupported(in.Version) {
+		apiServer.WithVolumeMounts(corev1ac.VolumeMount().WithName(volumePolicies).WithMountPath(policiesDir).WithReadOnly(true))
+	}
+	comps := []component{
+		{containerAPIServer, apiServer, apiServerFiles(in)},
+		{containerControllerManager, controllerManager, controllerManagerFiles()},
+		{containerScheduler, scheduler, schedulerFiles()},
+	}
+	if KonnectivityEnabled(in.TCP) {
+		// The API server dials konnectivity-server's socket on a volume
+		// they share.
+		apiServer.WithVolumeMounts(konnectivity.SocketMount())
+		comps = append(comps, component{konnectivity.ServerName, konnectivityContainer(in), konnectivityFiles()})
+	}
+	return comps
+}
+
+// Deployment is the tenant's control plane: kube-apiserver,
+// kube-controller-manager and kube-scheduler in one pod, N replicas.
+func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
+	tcp := in.TCP
+	s := tcp.Spec
 
 	selector := SelectorLabels(tcp)
 	podLabels := maps.Clone(Labels(tcp))
 	maps.Copy(podLabels, selector)
 
-	containers := []*corev1ac.ContainerApplyConfiguration{apiServer, controllerManager, scheduler}
-	volumes := []*corev1ac.VolumeApplyConfiguration{apiServerVolume(in), controllerManagerVolume(tcp), schedulerVolume(tcp)}
+	var containers []*corev1ac.ContainerApplyConfiguration
+	var volumes, last []*corev1ac.VolumeApplyConfiguration
+	for _, c := range controlPlane(in) {
+		containers = append(containers, c.container)
+		v := projectedFiles(tcp, c.name, c.files)
+		if c.name == konnectivity.ServerName {
+			last = append(last, v, corev1ac.Volume().WithName(konnectivity.SocketVolume).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
+			continue
+		}
+		volumes = append(volumes, v)
+	}
 	if StaticAdmissionSupported(in.Version) {
-		apiServer.WithVolumeMounts(corev1ac.VolumeMount().WithName(volumePolicies).WithMountPath(policiesDir).WithReadOnly(true))
 		volumes = append(volumes, admissionPoliciesVolume(tcp))
 	}
-	if KonnectivityEnabled(tcp) {
-		// The API server dials konnectivity-server's socket on a volume
-		// they share.
-		apiServer.WithVolumeMounts(konnectivity.SocketMount())
-		containers = append(containers, konnectivityContainer(in))
-		volumes = append(volumes, konnectivityVolume(tcp),
-			corev1ac.Volume().WithName(konnectivity.SocketVolume).WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
-	}
+	volumes = append(volumes, last...)
 
 	pod := corev1ac.PodSpec().
 		WithContainers(containers...).

@@ -53,15 +53,6 @@ func KonnectivityServerCertRequest(tcp *apiary.TenantControlPlane, ep Endpoint, 
 	return req
 }
 
-// konnectivityVolume holds konnectivity-server's files, from the tenant's
-// Secrets.
-func konnectivityVolume(tcp *apiary.TenantControlPlane) *corev1ac.VolumeApplyConfiguration {
-	return projectedVolume(konnectivity.ServerName,
-		secretItems(tcp, SecretKonnectivityServer, KeyTLSCert, konnectivity.CertFile, KeyTLSKey, konnectivity.KeyFile),
-		secretItems(tcp, SecretKonnectivityKubeconfig, apiary.KubeconfigKey, konnectivity.KubeconfigFile),
-	)
-}
-
 func konnectivityContainer(in Inputs) *corev1ac.ContainerApplyConfiguration {
 	return conventions.Harden(konnectivity.ServerContainer(
 		konnectivity.ServerImage(in.ImageRepository),
