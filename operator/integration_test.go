@@ -1377,7 +1377,9 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 	if c := meta.FindStatusCondition(ds.Status.Conditions, apiary.ConditionReady); !strings.Contains(c.Message, "0 of 3 etcd members ready") {
 		t.Errorf("Ready message %q", c.Message)
 	}
+	s.testHostAccess(t, ds)
 	// Replicas cannot change yet.
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
 	ds.Spec.Managed.Replicas = 5
 	wantRejected(t, s.c.Update(s.ctx, ds), "spec.managed.replicas", "scaling a managed etcd is not supported")
 	// Deleting an unused managed DataStore removes its etcd and Secrets.
@@ -1392,6 +1394,64 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 		}
 		if err := s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, &apiary.DataStore{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("DataStore: %v", err)
+		}
+		return nil
+	})
+}
+
+// testHostAccess exposes a managed etcd to registered-mode hosts: the
+// client port alone, through a LoadBalancer Service that keeps source
+// addresses, named by the serving certificate once it has an address; and
+// takes the exposure back.
+func (s *suite) testHostAccess(t *testing.T, ds *apiary.DataStore) {
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: ds.Name}, ds))
+	bad := ds.DeepCopy()
+	bad.Spec.HostAccess = &apiary.HostAccess{Endpoints: []string{"https://192.0.2.9:2379"}}
+	wantRejected(t, s.c.Update(s.ctx, bad), "spec", "spec.hostAccess.endpoints is for external DataStores")
+	ds.Spec.HostAccess = &apiary.HostAccess{}
+	s.must(s.c.Update(s.ctx, ds))
+	svcKey := client.ObjectKey{Namespace: systemNS, Name: managedetcd.HostServiceName(ds)}
+	var svc corev1.Service
+	s.eventually("host Service, waiting for an address", 10*time.Second, func() error {
+		if err := s.c.Get(s.ctx, svcKey, &svc); err != nil {
+			return err
+		}
+		return s.dataStoreCondition(ds.Name, apiary.ConditionHostAccessReady, metav1.ConditionFalse, controllers.ReasonWaitingForHostIP)
+	})
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal ||
+		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != managedetcd.ClientPort {
+		t.Errorf("host Service %s %s %v: want a LoadBalancer of the client port alone, keeping source addresses", svc.Spec.Type, svc.Spec.ExternalTrafficPolicy, svc.Spec.Ports)
+	}
+	// A load balancer gives it an address.
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.77"}}
+	s.must(s.c.Status().Update(s.ctx, &svc))
+	s.eventually("HostAccessReady", 10*time.Second, func() error {
+		return s.dataStoreCondition(ds.Name, apiary.ConditionHostAccessReady, metav1.ConditionTrue, controllers.ReasonHostAccessReady)
+	})
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: ds.Name}, ds))
+	if !slices.Equal(ds.Status.HostEndpoints, []string{"https://192.0.2.77:2379"}) {
+		t.Errorf("status.hostEndpoints %v", ds.Status.HostEndpoints)
+	}
+	var server corev1.Secret
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: managedetcd.SecretName(ds, managedetcd.SecretServer)}, &server))
+	block, _ := pem.Decode(server.Data["tls.crt"])
+	cert, err := x509.ParseCertificate(block.Bytes)
+	s.must(err)
+	if !slices.ContainsFunc(cert.IPAddresses, func(ip net.IP) bool { return ip.String() == "192.0.2.77" }) {
+		t.Errorf("the serving certificate names %v, not the host Service's address", cert.IPAddresses)
+	}
+	// Taken back: the Service goes, and so do the endpoints and condition.
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: ds.Name}, ds))
+	ds.Spec.HostAccess = nil
+	s.must(s.c.Update(s.ctx, ds))
+	s.eventually("host Service removed", 10*time.Second, func() error {
+		if err := s.c.Get(s.ctx, svcKey, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("host Service: %v", err)
+		}
+		var got apiary.DataStore
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Name: ds.Name}, &got))
+		if len(got.Status.HostEndpoints) > 0 || meta.FindStatusCondition(got.Status.Conditions, apiary.ConditionHostAccessReady) != nil {
+			return fmt.Errorf("status keeps host access: %v", got.Status.HostEndpoints)
 		}
 		return nil
 	})

@@ -94,6 +94,10 @@ func (r *DataStoreReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.DataStore{}).
 		Owns(&appsv1.StatefulSet{}).
+		// The host Service's address (spec.hostAccess).
+		Owns(&corev1.Service{}).
+		// Control-plane Hosts are admitted to the client port by address.
+		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.dataStoreOfHost)).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			tcp := o.(*apiary.TenantControlPlane)
 			var reqs []reconcile.Request
@@ -187,6 +191,9 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, r.writeStatus(ctx, &orig, ds)
 	}
 	ds.Status.Endpoints, _ = connection(ds, r.ClusterDomain)
+	if ds.Spec.Managed == nil {
+		r.externalHostAccess(ds)
+	}
 	interval := r.CheckInterval
 	if interval == 0 {
 		interval = DefaultDataStoreCheckInterval
@@ -262,11 +269,18 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if err != nil {
 		return "", false, err
 	}
+	// Registered-mode hosts dial the client port at the host Service's
+	// address: the serving certificate names it (a new address reissues
+	// it, and the members restart one at a time, etcd_roll.go).
+	hosts, err := r.reconcileHostAccess(ctx, ds)
+	if err != nil {
+		return "", false, err
+	}
 	for _, leaf := range []struct {
 		kind render.SecretKind
 		req  pki.Request
 	}{
-		{managedetcd.SecretServer, managedetcd.ServingCertRequest(ds, r.ClusterDomain, false)},
+		{managedetcd.SecretServer, managedetcd.ServingCertRequest(ds, r.ClusterDomain, false, hosts.ips...)},
 		{managedetcd.SecretRoot, managedetcd.RootCertRequest()},
 	} {
 		if err := cr.leaf(ctx, leaf.kind, ca, leaf.req, nil); err != nil {
@@ -293,7 +307,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 		return "", false, err
 	}
 	if r.NetworkPolicy != nil {
-		if err := apply(render.EtcdNetworkPolicy(ds, *r.NetworkPolicy), "etcd NetworkPolicy"); err != nil {
+		if err := apply(render.EtcdNetworkPolicy(ds, *r.NetworkPolicy, hosts.sources), "etcd NetworkPolicy"); err != nil {
 			return "", false, err
 		}
 	}

@@ -103,7 +103,12 @@ func TenantNetworkPolicy(tcp *apiary.TenantControlPlane, ds *apiary.DataStore, i
 // auth) and the operator, the peer port only from the other members, the
 // metrics port only from monitoring namespaces. It stays beside
 // TenantNetworkPolicy, whose egress it mirrors: the two are one boundary.
-func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.NetworkPolicyApplyConfiguration {
+//
+// hostSources are the addresses (CIDRs) of the tenants' registered
+// control-plane hosts, admitted to the client port when the DataStore is
+// exposed to hosts (spec.hostAccess); nothing else from outside the
+// management cluster is.
+func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs, hostSources []string) *networkingv1ac.NetworkPolicyApplyConfiguration {
 	ingress := []*networkingv1ac.NetworkPolicyIngressRuleApplyConfiguration{
 		networkingv1ac.NetworkPolicyIngressRule().
 			WithFrom(
@@ -122,6 +127,13 @@ func EtcdNetworkPolicy(ds *apiary.DataStore, in PolicyInputs) *networkingv1ac.Ne
 		ingress = append(ingress, networkingv1ac.NetworkPolicyIngressRule().
 			WithFrom(networkingv1ac.NetworkPolicyPeer().WithNamespaceSelector(selector(in.MonitoringNamespaceLabels))).
 			WithPorts(tcpPort(managedetcd.MetricsPort)))
+	}
+	if ds.Spec.HostAccess != nil && len(hostSources) > 0 {
+		var from []*networkingv1ac.NetworkPolicyPeerApplyConfiguration
+		for _, cidr := range hostSources {
+			from = append(from, networkingv1ac.NetworkPolicyPeer().WithIPBlock(networkingv1ac.IPBlock().WithCIDR(cidr)))
+		}
+		ingress = append(ingress, networkingv1ac.NetworkPolicyIngressRule().WithFrom(from...).WithPorts(tcpPort(managedetcd.ClientPort)))
 	}
 	return networkingv1ac.NetworkPolicy(NetworkPolicyName(managedetcd.Name(ds)), ds.Spec.Managed.Namespace).
 		WithLabels(managedetcd.Labels(ds)).

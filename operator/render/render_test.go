@@ -203,7 +203,7 @@ func TestNetworkPolicyGolden(t *testing.T) {
 		ManagementCIDRs:           []string{"10.200.0.0/16", "10.201.0.0/16", "fd00:200::/56"},
 	}
 	golden.YAML(t, "networkpolicy-tenant", TenantNetworkPolicy(fixture(), managedFixture(3), in))
-	golden.YAML(t, "networkpolicy-etcd", EtcdNetworkPolicy(managedFixture(3), in))
+	golden.YAML(t, "networkpolicy-etcd", EtcdNetworkPolicy(managedFixture(3), in, []string{"192.0.2.50/32"}))
 	// An external DataStore: no etcd pods to select; its client port is
 	// outside the management ranges or not reachable at all.
 	external := TenantNetworkPolicy(fixture(), &apiary.DataStore{}, in)
@@ -282,6 +282,37 @@ func TestAdvertiseAddress(t *testing.T) {
 		}
 		if !slices.Contains(APIServerArgs(in), "--advertise-address="+c.want) {
 			t.Errorf("%+v: --advertise-address=%s not in the arguments", c.ep, c.want)
+		}
+	}
+}
+
+// Exposed to hosts, the etcd admits the control-plane hosts' addresses on
+// its client port and nowhere else; not exposed, no address from outside.
+func TestEtcdNetworkPolicyAdmitsControlPlaneHosts(t *testing.T) {
+	in := PolicyInputs{OperatorNamespace: "apiary-system", OperatorPodLabels: map[string]string{"app": "apiary"}}
+	ds := managedFixture(3)
+	ds.Spec.HostAccess = &apiary.HostAccess{}
+	np := EtcdNetworkPolicy(ds, in, []string{"192.0.2.50/32", "2001:db8::5/128"})
+	var blocks []string
+	for _, rule := range np.Spec.Ingress {
+		for _, from := range rule.From {
+			if from.IPBlock != nil {
+				blocks = append(blocks, *from.IPBlock.CIDR)
+				if len(rule.Ports) != 1 || rule.Ports[0].Port.IntValue() != 2379 {
+					t.Errorf("hosts admitted to ports %v, want the client port alone", rule.Ports)
+				}
+			}
+		}
+	}
+	if !slices.Equal(blocks, []string{"192.0.2.50/32", "2001:db8::5/128"}) {
+		t.Errorf("ipBlocks %v", blocks)
+	}
+	ds.Spec.HostAccess = nil
+	for _, rule := range EtcdNetworkPolicy(ds, in, []string{"192.0.2.50/32"}).Spec.Ingress {
+		for _, from := range rule.From {
+			if from.IPBlock != nil {
+				t.Errorf("not exposed to hosts, yet %s is admitted", *from.IPBlock.CIDR)
+			}
 		}
 	}
 }

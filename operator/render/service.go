@@ -7,11 +7,12 @@ import (
 
 	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render/conventions"
 )
 
 // AnnotationMetalLBIPs asks MetalLB for specific LoadBalancer addresses;
 // spec.loadBalancerIP is deprecated upstream.
-const AnnotationMetalLBIPs = "metallb.io/loadBalancerIPs"
+const AnnotationMetalLBIPs = conventions.AnnotationMetalLBIPs
 
 // Service exposes the tenant API.
 func Service(tcp *apiary.TenantControlPlane) *corev1ac.ServiceApplyConfiguration {

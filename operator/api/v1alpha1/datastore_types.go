@@ -100,12 +100,39 @@ type TenantQuotaPolicy struct {
 	Max *TenantQuota `json:"max,omitempty"`
 }
 
+// HostAccess makes a DataStore reachable from tenants' registered
+// control-plane hosts, which run their kube-apiservers outside the
+// management cluster. Each host still authenticates as its tenant's etcd
+// user (client certificate), confined to its prefix.
+type HostAccess struct {
+	// Endpoints are the client URLs hosts dial, for an external DataStore
+	// whose spec.endpoints are not reachable from hosts. Unset: the
+	// spec.endpoints. Not allowed on a managed DataStore.
+	// +kubebuilder:validation:items:Pattern=`^https://`
+	// +listType=atomic
+	// +optional
+	Endpoints []string `json:"endpoints,omitempty"`
+	// ServiceType of the Service that exposes a managed etcd's client port
+	// (never its peer port) to hosts: LoadBalancer, the only type so far
+	// (and the default). Its NetworkPolicy admits, on that port, only the
+	// addresses of the control-plane Hosts of the tenants bound to the
+	// DataStore.
+	// +kubebuilder:validation:Enum=LoadBalancer
+	// +optional
+	ServiceType corev1.ServiceType `json:"serviceType,omitempty"`
+	// Address asks for a fixed LoadBalancer IP (managed etcd).
+	// +optional
+	Address string `json:"address,omitempty"`
+}
+
 // DataStoreSpec describes a shared etcd that stores tenant control planes:
 // either an existing one (endpoints and tls) or one the operator runs
 // (managed).
 // +kubebuilder:validation:XValidation:rule="has(self.managed) != (has(self.endpoints) || has(self.tls))",message="set either managed, or endpoints and tls, not both"
 // +kubebuilder:validation:XValidation:rule="has(self.managed) || (has(self.endpoints) && has(self.tls))",message="an external DataStore needs both endpoints and tls"
 // +kubebuilder:validation:XValidation:rule="has(self.managed) == has(oldSelf.managed)",message="a DataStore cannot switch between managed and external"
+// +kubebuilder:validation:XValidation:rule="!has(self.managed) || !has(self.hostAccess) || !has(self.hostAccess.endpoints)",message="spec.hostAccess.endpoints is for external DataStores: a managed etcd is exposed through spec.hostAccess.serviceType"
+// +kubebuilder:validation:XValidation:rule="has(self.managed) || !has(self.hostAccess) || (!has(self.hostAccess.serviceType) && !has(self.hostAccess.address))",message="spec.hostAccess.serviceType and address are for managed DataStores: an external one names its host endpoints in spec.hostAccess.endpoints"
 type DataStoreSpec struct {
 	// Endpoints are the etcd client URLs (https://host:port) of an external
 	// etcd.
@@ -136,6 +163,11 @@ type DataStoreSpec struct {
 	// NamespaceNotAllowed).
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+	// HostAccess lets registered-mode tenants' control-plane hosts reach
+	// this DataStore. Unset: only control planes in the management cluster
+	// reach it, and registered mode is refused for its tenants.
+	// +optional
+	HostAccess *HostAccess `json:"hostAccess,omitempty"`
 }
 
 // DataStoreStatus is the observed state of a DataStore.
@@ -163,6 +195,12 @@ type DataStoreStatus struct {
 	// ReadyMembers is the number of ready members of a managed etcd.
 	// +optional
 	ReadyMembers int32 `json:"readyMembers,omitempty"`
+	// HostEndpoints are the client URLs tenants' control-plane hosts dial
+	// (spec.hostAccess): empty while the DataStore is not reachable from
+	// hosts (condition HostAccessReady says why).
+	// +listType=atomic
+	// +optional
+	HostEndpoints []string `json:"hostEndpoints,omitempty"`
 }
 
 // DataStore is a shared etcd on which tenant control planes store their

@@ -255,6 +255,10 @@ const (
 	// peer port refused a certificate of the DataStore's CA made like a
 	// tenant's (the operator probes it), so no tenant can speak raft.
 	ConditionPeerPortClosed = "PeerPortClosed"
+	// ConditionHostAccessReady is a DataStore's: registered-mode hosts can
+	// reach it at status.hostEndpoints (spec.hostAccess set, its Service
+	// has an address, the serving certificate names it).
+	ConditionHostAccessReady = "HostAccessReady"
 	// ConditionSpaceAvailable is a DataStore's: no etcd member has raised
 	// NOSPACE, so tenants can write.
 	ConditionSpaceAvailable = "SpaceAvailable"

@@ -32,6 +32,9 @@ const (
 	// AnnotationConfigHash on a pod template is a hash of every Secret
 	// mounted into the pods: a change to any of them rolls the pods.
 	AnnotationConfigHash = "apiary.dev/config-hash"
+	// AnnotationMetalLBIPs asks MetalLB for specific LoadBalancer
+	// addresses; spec.loadBalancerIP is deprecated upstream.
+	AnnotationMetalLBIPs = "metallb.io/loadBalancerIPs"
 )
 
 // SecretKind names one of the Secrets of a tenant or a managed etcd; the

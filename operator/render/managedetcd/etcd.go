@@ -134,7 +134,9 @@ func PeerCACommonName(ds *apiary.DataStore) string {
 
 // ServingCertRequest covers every member name (one wildcard per DNS
 // form) for the client port; with peer usage it serves the peer port too.
-func ServingCertRequest(ds *apiary.DataStore, clusterDomain string, peer bool) pki.Request {
+// hostIPs are the addresses hosts reach the client port at (the host
+// Service's); the client port's certificate names them.
+func ServingCertRequest(ds *apiary.DataStore, clusterDomain string, peer bool, hostIPs ...net.IP) pki.Request {
 	svc, ns := Name(ds), ds.Spec.Managed.Namespace
 	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	cn := "etcd-server"
@@ -151,7 +153,7 @@ func ServingCertRequest(ds *apiary.DataStore, clusterDomain string, peer bool) p
 			svc + "." + ns + ".svc." + clusterDomain,
 			"localhost",
 		},
-		IPs:    []net.IP{net.ParseIP("127.0.0.1")},
+		IPs:    append([]net.IP{net.ParseIP("127.0.0.1")}, hostIPs...),
 		Usages: usages,
 	}
 }
@@ -207,6 +209,28 @@ func Service(ds *apiary.DataStore) *corev1ac.ServiceApplyConfiguration {
 				corev1ac.ServicePort().WithName("client").WithPort(ClientPort).WithTargetPort(intstr.FromString("client")),
 				corev1ac.ServicePort().WithName("peer").WithPort(PeerPort).WithTargetPort(intstr.FromString("peer")),
 			))
+}
+
+// HostServiceName exposes the client port to registered-mode hosts.
+func HostServiceName(ds *apiary.DataStore) string { return Name(ds) + "-hosts" }
+
+// HostService exposes the client port, and only it, to tenants'
+// registered control-plane hosts outside the management cluster
+// (spec.hostAccess). Traffic keeps its source address (Local), so that the
+// NetworkPolicy can admit the hosts by address; only ready members serve.
+func HostService(ds *apiary.DataStore) *corev1ac.ServiceApplyConfiguration {
+	spec := corev1ac.ServiceSpec().
+		WithType(corev1.ServiceTypeLoadBalancer).
+		WithExternalTrafficPolicy(corev1.ServiceExternalTrafficPolicyLocal).
+		WithSelector(Selector(ds)).
+		WithPorts(corev1ac.ServicePort().WithName("client").WithPort(ClientPort).WithTargetPort(intstr.FromString("client")))
+	svc := corev1ac.Service(HostServiceName(ds), ds.Spec.Managed.Namespace).
+		WithLabels(Labels(ds)).
+		WithOwnerReferences(OwnerReference(ds))
+	if a := ds.Spec.HostAccess; a != nil && a.Address != "" {
+		svc.WithAnnotations(map[string]string{conventions.AnnotationMetalLBIPs: a.Address})
+	}
+	return svc.WithSpec(spec)
 }
 
 // PodDisruptionBudget lets voluntary disruptions take one member at a

@@ -1,6 +1,7 @@
 package managedetcd
 
 import (
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -92,5 +93,23 @@ func TestQuotaBytes(t *testing.T) {
 		if got := QuotaBytes(m); got != want {
 			t.Errorf("size %q: quota %d, want %d", size, got, want)
 		}
+	}
+}
+
+func TestHostServiceGolden(t *testing.T) {
+	ds := fixture(3)
+	ds.Spec.HostAccess = &apiary.HostAccess{Address: "192.0.2.77"}
+	golden.YAML(t, "etcd-host-service", HostService(ds))
+}
+
+// The client port's certificate names the hosts' address; the peer
+// certificate is made of the same request without it.
+func TestServingCertNamesHostAddresses(t *testing.T) {
+	req := ServingCertRequest(fixture(3), "cluster.local", false, net.ParseIP("192.0.2.77"))
+	if len(req.IPs) != 2 || !req.IPs[1].Equal(net.ParseIP("192.0.2.77")) {
+		t.Errorf("IPs %v", req.IPs)
+	}
+	if peer := ServingCertRequest(fixture(3), "cluster.local", true); len(peer.IPs) != 1 {
+		t.Errorf("peer IPs %v", peer.IPs)
 	}
 }
