@@ -67,7 +67,8 @@ type serverOptions struct {
 	// shell runs exec requests with /bin/sh on this machine.
 	shell bool
 	// sftp is how the sftp subsystem misbehaves: "stall-handshake" (never
-	// answers), "stall-write" (answers, then never acknowledges a write).
+	// answers), "stall-write" (answers, then never acknowledges a write),
+	// or "local" (serves this machine's files).
 	sftp string
 }
 
@@ -353,6 +354,13 @@ func TestRunScriptTakesTheHostLock(t *testing.T) {
 
 // serveStallingSFTP plays a host whose SFTP server stops answering.
 func serveStallingSFTP(ch ssh.Channel, how string) {
+	if how == "local" {
+		// This machine's files, as OpenSSH's sftp-server serves a host's.
+		if srv, err := sftp.NewServer(ch); err == nil {
+			_ = srv.Serve()
+		}
+		return
+	}
 	if how == "stall-handshake" {
 		_, _ = io.Copy(io.Discard, ch)
 		return
