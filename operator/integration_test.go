@@ -1408,7 +1408,7 @@ func (s *suite) testHostAccess(t *testing.T, ds *apiary.DataStore) {
 	bad := ds.DeepCopy()
 	bad.Spec.HostAccess = &apiary.HostAccess{Endpoints: []string{"https://192.0.2.9:2379"}}
 	wantRejected(t, s.c.Update(s.ctx, bad), "spec", "spec.hostAccess.endpoints is for external DataStores")
-	ds.Spec.HostAccess = &apiary.HostAccess{}
+	ds.Spec.HostAccess = &apiary.HostAccess{Address: "192.0.2.77"}
 	s.must(s.c.Update(s.ctx, ds))
 	svcKey := client.ObjectKey{Namespace: systemNS, Name: managedetcd.HostServiceName(ds)}
 	var svc corev1.Service
@@ -1422,7 +1422,24 @@ func (s *suite) testHostAccess(t *testing.T, ds *apiary.DataStore) {
 		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != managedetcd.ClientPort {
 		t.Errorf("host Service %s %s %v: want a LoadBalancer of the client port alone, keeping source addresses", svc.Spec.Type, svc.Spec.ExternalTrafficPolicy, svc.Spec.Ports)
 	}
-	// A load balancer gives it an address.
+	serving := func() *x509.Certificate {
+		var server corev1.Secret
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: managedetcd.SecretName(ds, managedetcd.SecretServer)}, &server))
+		block, _ := pem.Decode(server.Data["tls.crt"])
+		cert, err := x509.ParseCertificate(block.Bytes)
+		s.must(err)
+		return cert
+	}
+	// The address asked for is named before it is assigned.
+	var before *x509.Certificate
+	s.eventually("serving certificate names the address asked for", 10*time.Second, func() error {
+		before = serving()
+		if !slices.ContainsFunc(before.IPAddresses, func(ip net.IP) bool { return ip.String() == "192.0.2.77" }) {
+			return fmt.Errorf("the serving certificate names %v", before.IPAddresses)
+		}
+		return nil
+	})
+	// The load balancer gives it.
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.77"}}
 	s.must(s.c.Status().Update(s.ctx, &svc))
 	s.eventually("HostAccessReady", 10*time.Second, func() error {
@@ -1432,13 +1449,8 @@ func (s *suite) testHostAccess(t *testing.T, ds *apiary.DataStore) {
 	if !slices.Equal(ds.Status.HostEndpoints, []string{"https://192.0.2.77:2379"}) {
 		t.Errorf("status.hostEndpoints %v", ds.Status.HostEndpoints)
 	}
-	var server corev1.Secret
-	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: managedetcd.SecretName(ds, managedetcd.SecretServer)}, &server))
-	block, _ := pem.Decode(server.Data["tls.crt"])
-	cert, err := x509.ParseCertificate(block.Bytes)
-	s.must(err)
-	if !slices.ContainsFunc(cert.IPAddresses, func(ip net.IP) bool { return ip.String() == "192.0.2.77" }) {
-		t.Errorf("the serving certificate names %v, not the host Service's address", cert.IPAddresses)
+	if after := serving(); after.SerialNumber.Cmp(before.SerialNumber) != 0 {
+		t.Error("the serving certificate was reissued when the address arrived: the members would restart for nothing")
 	}
 	// Taken back: the Service goes, and so do the endpoints and condition.
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: ds.Name}, ds))

@@ -50,29 +50,31 @@ func (r *DataStoreReconciler) reconcileHostAccess(ctx context.Context, ds *apiar
 	if err := r.Client.Apply(ctx, svc, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return ha, fmt.Errorf("applying Service %s: %w", managedetcd.HostServiceName(ds), err)
 	}
+	// The addresses the load balancer gave, and one asked for: the
+	// certificate names it before it is assigned, so that no member
+	// restarts when it is.
+	var endpoints []string
 	if svc.Status != nil && svc.Status.LoadBalancer != nil {
 		for _, in := range svc.Status.LoadBalancer.Ingress {
-			if in.IP != nil {
-				if ip := net.ParseIP(*in.IP); ip != nil {
-					ha.ips = append(ha.ips, ip)
-				}
+			if ip := net.ParseIP(deref(in.IP)); ip != nil {
+				ha.ips = append(ha.ips, ip)
+				endpoints = append(endpoints, "https://"+net.JoinHostPort(ip.String(), fmt.Sprint(managedetcd.ClientPort)))
 			}
 		}
+	}
+	if a := net.ParseIP(ds.Spec.HostAccess.Address); a != nil && !slices.ContainsFunc(ha.ips, a.Equal) {
+		ha.ips = append(ha.ips, a)
 	}
 	sources, err := r.controlPlaneHostSources(ctx, ds)
 	if err != nil {
 		return ha, err
 	}
 	ha.sources = sources
-	if len(ha.ips) == 0 {
-		ds.Status.HostEndpoints = nil
+	ds.Status.HostEndpoints = endpoints
+	if len(endpoints) == 0 {
 		r.set(ds, apiary.ConditionHostAccessReady, metav1.ConditionFalse, ReasonWaitingForHostIP,
 			fmt.Sprintf("Service %s/%s of type LoadBalancer has no IP address yet", ds.Spec.Managed.Namespace, managedetcd.HostServiceName(ds)))
 		return ha, nil
-	}
-	ds.Status.HostEndpoints = nil
-	for _, ip := range ha.ips {
-		ds.Status.HostEndpoints = append(ds.Status.HostEndpoints, "https://"+net.JoinHostPort(ip.String(), fmt.Sprint(managedetcd.ClientPort)))
 	}
 	r.set(ds, apiary.ConditionHostAccessReady, metav1.ConditionTrue, ReasonHostAccessReady,
 		fmt.Sprintf("control-plane hosts reach the client port at %s; its NetworkPolicy admits %d of them (%s)",
