@@ -316,3 +316,24 @@ func TestEtcdNetworkPolicyAdmitsControlPlaneHosts(t *testing.T) {
 		}
 	}
 }
+
+func TestEndpointSlicesGolden(t *testing.T) {
+	tcp := fixture()
+	slices := EndpointSlices(tcp, []Backend{
+		{Address: "192.0.2.21", Ready: true, Hostname: "cp-2"},
+		{Address: "192.0.2.20", Ready: false, Hostname: "cp-1"},
+		{Address: "2001:db8::20", Ready: true, Hostname: "cp-1"},
+		{Address: "not-an-ip", Ready: true, Hostname: "x"},
+	})
+	if len(slices) != 2 {
+		t.Fatalf("%d slices, want one per family", len(slices))
+	}
+	golden.YAML(t, "endpointslice-ipv4", slices[0])
+	golden.YAML(t, "endpointslice-ipv6", slices[1])
+	if len(EndpointSlices(tcp, nil)) != 0 {
+		t.Error("a slice without backends")
+	}
+	if svc := ServiceWithoutSelector(tcp); svc.Spec.Selector != nil || len(svc.Spec.Ports) != len(Service(tcp).Spec.Ports) {
+		t.Errorf("Service without selector: selector %v, ports %d", svc.Spec.Selector, len(svc.Spec.Ports))
+	}
+}
