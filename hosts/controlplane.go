@@ -48,21 +48,37 @@ func WriteControlPlane(ctx context.Context, c *Client, files, manifests []File) 
 	var sums strings.Builder
 	fmt.Fprintf(&sums, "set -e\nrm -rf %s\nmkdir -p %s\nchmod 0700 %s\nchown %s %s\n", cpStageDir, cpStageDir, cpStageDir, Quote(c.user), cpStageDir)
 	for _, f := range all {
-		fmt.Fprintf(&sums, "if [ -f '%s' ]; then sha256sum '%s' | cut -d' ' -f1; else echo -; fi\n", f.Path, f.Path)
+		fmt.Fprintf(&sums, "if [ -f '%s' ]; then echo \"$(sha256sum '%s' | cut -d' ' -f1) $(stat -c '%%a:%%u:%%g' '%s')\"; else echo - -; fi\n", f.Path, f.Path, f.Path)
 	}
 	out, err := c.RunScript(ctx, sums.String())
 	if err != nil {
 		return 0, fmt.Errorf("control plane: reading the host's files: %w", err)
 	}
 	have := strings.Fields(out)
-	if len(have) != len(all) {
-		return 0, fmt.Errorf("control plane: the host listed %d checksums for %d files", len(have), len(all))
+	if len(have) != 2*len(all) {
+		return 0, fmt.Errorf("control plane: the host listed %d checksums for %d files", len(have)/2, len(all))
 	}
-	var changed []int
+	// changed files are written; same content with another mode or owner
+	// (a file kubeadm wrote, such as the cluster CA at 0644) is fixed in
+	// place, which restarts nothing.
+	var changed, perms []int
 	for i, f := range all {
 		sum := sha256.Sum256(f.Data)
-		if have[i] != hex.EncodeToString(sum[:]) {
+		switch {
+		case have[2*i] != hex.EncodeToString(sum[:]):
 			changed = append(changed, i)
+		case have[2*i+1] != "600:0:0":
+			perms = append(perms, i)
+		}
+	}
+	if len(perms) > 0 {
+		var fix strings.Builder
+		fix.WriteString("set -e\n")
+		for _, i := range perms {
+			fmt.Fprintf(&fix, "chown root:root '%s'\nchmod 0600 '%s'\n", all[i].Path, all[i].Path)
+		}
+		if _, err := c.RunScript(ctx, fix.String()); err != nil {
+			return 0, fmt.Errorf("control plane: setting the files' mode: %w", err)
 		}
 	}
 	if len(changed) == 0 {

@@ -71,6 +71,17 @@ func TestWriteControlPlane(t *testing.T) {
 	if after, _ := os.Stat(manifests[0].Path); !after.ModTime().Equal(before.ModTime()) {
 		t.Error("an unchanged manifest was rewritten")
 	}
+	// A file of the right content but another mode (kubeadm writes the
+	// cluster CA 0644) is fixed in place, not rewritten.
+	if err := os.Chmod(files[1].Path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := WriteControlPlane(t.Context(), c, files, manifests); err != nil || n != 0 {
+		t.Fatalf("mode fix: %d files written, %v; want 0", n, err)
+	}
+	if st, _ := os.Stat(files[1].Path); st.Mode().Perm() != 0o600 {
+		t.Errorf("mode left at %v", st.Mode().Perm())
+	}
 	// A renewed key: that file alone.
 	files[0].Data = []byte("RENEWED")
 	if n, err := WriteControlPlane(t.Context(), c, files, manifests); err != nil || n != 1 {

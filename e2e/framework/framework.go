@@ -39,10 +39,14 @@ const (
 	TenantsNS = "e2e-tenants"
 	// DoomedNS is a second tenant namespace of the operator, which a test
 	// deletes with a tenant in it.
-	DoomedNS   = "e2e-doomed"
-	Release    = "apiary"
-	LeaseName  = "apiary-operator.apiary.dev"
-	ReadyLimit = 5 * time.Minute
+	DoomedNS = "e2e-doomed"
+	// DataStoreHostAddress is where registered-mode hosts reach the
+	// default DataStore (spec.hostAccess.address), high in the
+	// LoadBalancer pool, away from the tenants' addresses.
+	DataStoreHostAddress = "10.202.0.240"
+	Release              = "apiary"
+	LeaseName            = "apiary-operator.apiary.dev"
+	ReadyLimit           = 5 * time.Minute
 )
 
 // Env is the management cluster with Apiary installed.
@@ -128,6 +132,9 @@ func (e *Env) installChart() {
 		"--set", "image.pullPolicy=Always",
 		"--set-string", `podAnnotations.apiary\.dev/image-digest=`+digest,
 		"--set", "defaultDataStore.managed.storage.emptyDir=true",
+		// Registered-mode hosts reach it at a fixed address, which its
+		// certificate names from the start.
+		"--set", "defaultDataStore.hostAccess.address="+DataStoreHostAddress,
 		// The operator pulls node bundles itself, from the local registry
 		// at the node address.
 		"--set", "operator.nodeBundle.repository="+e.RegistryAtNode()+"/apiaryhq/node-bundle",
@@ -230,6 +237,16 @@ func (e *Env) Eventually(what string, timeout time.Duration, f func() error) {
 func Eventually(t testing.TB, what string, timeout time.Duration, f func() error) {
 	t.Helper()
 	testenv.Eventually(t, what, timeout, f)
+}
+
+// FindCondition is the condition of that type, or an empty one.
+func FindCondition(conds []metav1.Condition, typ string) metav1.Condition {
+	for _, c := range conds {
+		if c.Type == typ {
+			return c
+		}
+	}
+	return metav1.Condition{}
 }
 
 func ConditionIs(conds []metav1.Condition, typ string, status metav1.ConditionStatus, reason string) error {

@@ -1,0 +1,225 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/e2e/framework"
+	"github.com/apiaryhq/apiary/e2e/sshhost"
+	"github.com/apiaryhq/apiary/hosts"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+)
+
+// hostAccessAddress is the default DataStore's address for control-plane
+// hosts (framework.installChart asks for it), in the LoadBalancer pool.
+const hostAccessAddress = framework.DataStoreHostAddress
+
+// testStaticControlPlane runs a tenant's control plane, rendered as static
+// Pods by render.StaticPods (the registered mode's form), on one of its
+// joined hosts, written there by hosts.WriteControlPlane: the kubelet
+// starts kube-apiserver, kube-controller-manager, kube-scheduler and
+// konnectivity-server; kube-apiserver reaches the tenant's slice of the
+// DataStore through its host address (spec.hostAccess), past a
+// NetworkPolicy that admits only control-plane hosts; the tenant sees the
+// mirror Pods. Then hosts.RemoveControlPlane leaves no control-plane
+// process on the host. This is the host half of registered mode; the
+// operator's switch builds on it.
+//
+// other is a machine that is no control-plane Host: the DataStore's client
+// port refuses it, and the peer port is not exposed to anyone.
+func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *sshhost.Host, hostName string) {
+	ns := framework.TenantsNS
+	// A control-plane Host: the DataStore's NetworkPolicy admits it.
+	setRole := func(role apiary.HostRole) {
+		t.Helper()
+		var host apiary.Host
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: hostName}, &host); err != nil {
+			t.Fatal(err)
+		}
+		host.Spec.Role = role
+		if err := e.C.Update(e.Ctx, &host); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRole(apiary.HostRoleControlPlane)
+	t.Cleanup(func() { setRole(apiary.HostRoleWorker) })
+
+	tcp := e.TCP(t, "alpha")
+	var ds apiary.DataStore
+	framework.Eventually(t, "DataStore "+tcp.Status.DataStore.Name+" reachable from the host", 2*time.Minute, func() error {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: tcp.Status.DataStore.Name}, &ds); err != nil {
+			return err
+		}
+		if err := framework.ConditionIs(ds.Status.Conditions, apiary.ConditionHostAccessReady, metav1.ConditionTrue, ""); err != nil {
+			return err
+		}
+		c := framework.FindCondition(ds.Status.Conditions, apiary.ConditionHostAccessReady)
+		if !strings.Contains(c.Message, h.Address+"/32") {
+			return fmt.Errorf("the NetworkPolicy does not admit %s yet: %s", h.Address, c.Message)
+		}
+		return nil
+	})
+	if !slices.Contains(ds.Status.HostEndpoints, "https://"+net.JoinHostPort(hostAccessAddress, "2379")) {
+		t.Fatalf("status.hostEndpoints %v, want the address asked for", ds.Status.HostEndpoints)
+	}
+	// Who reaches the DataStore from outside: the control-plane host, on
+	// the client port only.
+	dial := func(host *sshhost.Host, port int) error {
+		out, err := d.Exec(e.Ctx, host.Name, "timeout", "3", "bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/%d", hostAccessAddress, port))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	framework.Eventually(t, "the control-plane host reaches the client port", time.Minute, func() error { return dial(h, 2379) })
+	if err := dial(other, 2379); err == nil {
+		t.Errorf("%s, no control-plane Host, connected to the DataStore's client port at %s", other.Name, hostAccessAddress)
+	}
+	if err := dial(h, 2380); err == nil {
+		t.Errorf("the control-plane host connected to the DataStore's peer port at %s", hostAccessAddress)
+	}
+
+	// Render what a registered host runs, from the tenant's own Secrets.
+	secrets := map[render.SecretKind]map[string][]byte{}
+	for _, kind := range render.AllSecretKinds {
+		var s corev1.Secret
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.SecretName(tcp, kind)}, &s); err != nil {
+			t.Fatal(err)
+		}
+		secrets[kind] = s.Data
+	}
+	ep, err := url.Parse(tcp.Status.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(ep.Port())
+	var svc corev1.Service
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.ServiceName(tcp)}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	tcp.Default()
+	in := render.Inputs{
+		TCP: tcp, Version: tcp.Spec.Version,
+		Endpoint:    render.Endpoint{Host: ep.Hostname(), Port: int32(port), ClusterIP: svc.Spec.ClusterIP},
+		EtcdServers: ds.Status.HostEndpoints, EtcdPrefix: tcp.Status.DataStore.Prefix,
+		Secrets: secrets,
+	}
+	files, manifests, err := render.StaticPods(in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toHost := func(fs []render.HostFile) []hosts.File {
+		var out []hosts.File
+		for _, f := range fs {
+			out = append(out, hosts.File{Path: f.Path, Data: f.Data})
+		}
+		return out
+	}
+	c, err := hosts.Dial(e.Ctx, hosts.Target{Address: h.Address, Port: h.Port, User: h.User, PrivateKey: h.PrivateKeyPEM, HostKey: h.HostKeyAuthorized})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	n, err := hosts.WriteControlPlane(e.Ctx, c, toHost(files), toHost(manifests))
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := time.Since(start)
+	var paths, manifestPaths []string
+	for _, f := range files {
+		paths = append(paths, f.Path)
+	}
+	for _, f := range manifests {
+		manifestPaths = append(manifestPaths, f.Path)
+	}
+	removed := false
+	remove := func() error {
+		return hosts.RemoveControlPlane(e.Ctx, c, manifestPaths, paths, []string{"/etc/kubernetes/pki/ca.crt"}, 60)
+	}
+	t.Cleanup(func() {
+		if !removed {
+			_ = remove()
+		}
+	})
+	// Every file root's alone.
+	out, err := d.Exec(e.Ctx, h.Name, "sh", "-c", "stat -c '%a %U %n' "+strings.Join(append(paths, manifestPaths...), " "))
+	if err != nil {
+		t.Fatalf("stat: %v: %s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasPrefix(line, "600 root ") {
+			t.Errorf("on the host: %s, want 600 root", line)
+		}
+	}
+
+	// kube-apiserver on the host answers /readyz with the tenant's
+	// certificate: it reads the tenant's slice through the host address.
+	ca := x509.NewCertPool()
+	ca.AppendCertsFromPEM(secrets[render.SecretCA][render.KeyTLSCert])
+	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: ca, ServerName: ep.Hostname(), MinVersion: tls.VersionTLS12}}}
+	hostURL := "https://" + net.JoinHostPort(h.Address, ep.Port()) + "/readyz"
+	framework.Eventually(t, "kube-apiserver on "+h.Name+" ready", 4*time.Minute, func() error {
+		resp, err := hc.Get(hostURL)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", hostURL, resp.Status)
+		}
+		return nil
+	})
+	ready := time.Since(start)
+	t.Logf("FIGURE static control plane on %s: %d files written in %s, kube-apiserver /readyz at %s", h.Name, n, written.Round(time.Millisecond), ready.Round(time.Millisecond))
+
+	// The tenant sees the mirror Pods of its node.
+	kc := e.ExportKubeconfig(t, "alpha")
+	node := framework.Kubectl(t, kc, "get", "nodes", "-o", "jsonpath={.items[0].metadata.name}")
+	framework.Eventually(t, "mirror Pods in the tenant", 2*time.Minute, func() error {
+		out, err := framework.KubectlErr(kc, "-n", "kube-system", "get", "pods", "-l", "tier=control-plane", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		for _, comp := range render.StaticPodComponents(in) {
+			if !strings.Contains(out, comp+"-") {
+				return fmt.Errorf("no mirror Pod of %s: %s", comp, out)
+			}
+		}
+		return nil
+	})
+	t.Logf("mirror Pods on node %s", node)
+
+	// Removed: no control-plane process, no manifest, no key; the
+	// kubelet's CA stays.
+	start = time.Now()
+	if err := remove(); err != nil {
+		t.Fatal(err)
+	}
+	removed = true
+	t.Logf("FIGURE static control plane removed from %s in %s", h.Name, time.Since(start).Round(time.Millisecond))
+	out, err = d.Exec(e.Ctx, h.Name, "sh", "-c", "pgrep -l -x 'kube-apiserver|kube-controller|kube-scheduler|proxy-server'; ls /etc/kubernetes/manifests /etc/kubernetes/pki")
+	if err != nil && !strings.Contains(out, "ca.crt") {
+		t.Fatalf("listing the host: %v: %s", err, out)
+	}
+	if strings.Contains(out, "kube-apiserver") || strings.Contains(out, "proxy-server") || strings.Contains(out, ".yaml") || strings.Contains(out, "apiserver.key") || !strings.Contains(out, "ca.crt") {
+		t.Errorf("after removal the host has:\n%s", out)
+	}
+}
