@@ -57,8 +57,31 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 			t.Fatal(err)
 		}
 	}
+	kc := e.ExportKubeconfig(t, "alpha")
+	// The Node's role marks, as kubeadm sets them on a control-plane Node.
+	nodeMarks := func() string {
+		t.Helper()
+		out, err := framework.KubectlErr(kc, "get", "node", hostName, "-o",
+			`jsonpath={.metadata.labels}|{range .spec.taints[*]}{.key}:{.effect} {end}`)
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return out
+	}
+	const cpTaint = "node-role.kubernetes.io/control-plane:NoSchedule"
 	setRole(apiary.HostRoleControlPlane)
-	t.Cleanup(func() { setRole(apiary.HostRoleWorker) })
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			setRole(apiary.HostRoleWorker)
+		}
+	})
+	framework.Eventually(t, "Node "+hostName+" labelled and tainted as control plane", time.Minute, func() error {
+		if labels, taints, _ := strings.Cut(nodeMarks(), "|"); !strings.Contains(labels, `"node-role.kubernetes.io/control-plane"`) || !strings.Contains(taints, cpTaint) {
+			return fmt.Errorf("labels %s, taints %q", labels, taints)
+		}
+		return nil
+	})
 
 	tcp := e.TCP(t, "alpha")
 	var ds apiary.DataStore
@@ -191,7 +214,6 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 	t.Logf("FIGURE static control plane on %s: %d files written in %s, kube-apiserver /readyz at %s", h.Name, n, written.Round(time.Millisecond), ready.Round(time.Millisecond))
 
 	// The tenant sees the mirror Pods of its node.
-	kc := e.ExportKubeconfig(t, "alpha")
 	node := framework.Kubectl(t, kc, "get", "nodes", "-o", "jsonpath={.items[0].metadata.name}")
 	framework.Eventually(t, "mirror Pods in the tenant", 2*time.Minute, func() error {
 		out, err := framework.KubectlErr(kc, "-n", "kube-system", "get", "pods", "-l", "tier=control-plane", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}")
@@ -222,4 +244,14 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 	if strings.Contains(out, "kube-apiserver") || strings.Contains(out, "proxy-server") || strings.Contains(out, ".yaml") || strings.Contains(out, "apiserver.key") || !strings.Contains(out, "ca.crt") {
 		t.Errorf("after removal the host has:\n%s", out)
 	}
+	// A worker again: the Node loses the role's label and taint (the
+	// next tests schedule pods on it).
+	setRole(apiary.HostRoleWorker)
+	restored = true
+	framework.Eventually(t, "Node "+hostName+" a worker again", time.Minute, func() error {
+		if labels, taints, _ := strings.Cut(nodeMarks(), "|"); strings.Contains(labels, `"node-role.kubernetes.io/control-plane"`) || strings.Contains(taints, cpTaint) {
+			return fmt.Errorf("labels %s, taints %q", labels, taints)
+		}
+		return nil
+	})
 }

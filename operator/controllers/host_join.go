@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -290,24 +291,66 @@ func (r *HostReconciler) nodePoll(h *apiary.Host) time.Duration {
 	}
 }
 
-// applyNodeMetadata adds the Host's labels and taints to the Node (those
-// the Node has already are left as they are).
-func (r *HostReconciler) applyNodeMetadata(ctx context.Context, h *apiary.Host, ta *tenantAccess, node *corev1.Node) error {
+// Kubernetes' marks of a control-plane Node. The kubelet may not set them
+// itself (NodeRestriction); the agent does, from the Host's role.
+const (
+	LabelNodeRoleControlPlane = "node-role.kubernetes.io/control-plane"
+)
+
+// TaintControlPlane keeps workloads off a control-plane Node, as kubeadm
+// does.
+var TaintControlPlane = corev1.Taint{Key: LabelNodeRoleControlPlane, Effect: corev1.TaintEffectNoSchedule}
+
+// nodeMetadata is what the Node should carry: the Host's labels and taints,
+// and for the control-plane role its label and NoSchedule taint. It
+// returns the Node changed and whether it changed. A Host's own labels and
+// taints are only added (those the Node has already are left as they are);
+// the role's are Apiary's: a worker Host's Node loses them.
+func nodeMetadata(h *apiary.Host, node *corev1.Node) (*corev1.Node, bool) {
 	changed := false
 	n := node.DeepCopy()
-	for k, v := range h.Spec.Labels {
-		if n.Labels[k] != v {
+	labels := maps.Clone(h.Spec.Labels)
+	taints := slices.Clone(h.Spec.Taints)
+	isTaint := func(t corev1.Taint) func(corev1.Taint) bool {
+		return func(x corev1.Taint) bool { return x.Key == t.Key && x.Effect == t.Effect }
+	}
+	if h.Spec.Role == apiary.HostRoleControlPlane {
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[LabelNodeRoleControlPlane] = ""
+		taints = append(taints, TaintControlPlane)
+	} else {
+		_, own := h.Spec.Labels[LabelNodeRoleControlPlane]
+		if _, ok := n.Labels[LabelNodeRoleControlPlane]; ok && !own {
+			delete(n.Labels, LabelNodeRoleControlPlane)
+			changed = true
+		}
+		if !slices.ContainsFunc(h.Spec.Taints, isTaint(TaintControlPlane)) {
+			if kept := slices.DeleteFunc(slices.Clone(n.Spec.Taints), isTaint(TaintControlPlane)); len(kept) != len(n.Spec.Taints) {
+				n.Spec.Taints, changed = kept, true
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if v, ok := n.Labels[k]; !ok || v != labels[k] {
 			if n.Labels == nil {
 				n.Labels = map[string]string{}
 			}
-			n.Labels[k], changed = v, true
+			n.Labels[k], changed = labels[k], true
 		}
 	}
-	for _, t := range h.Spec.Taints {
-		if !slices.ContainsFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.Key == t.Key && x.Effect == t.Effect }) {
+	for _, t := range taints {
+		if !slices.ContainsFunc(n.Spec.Taints, isTaint(t)) {
 			n.Spec.Taints, changed = append(n.Spec.Taints, t), true
 		}
 	}
+	return n, changed
+}
+
+// applyNodeMetadata gives the Node the labels and taints of nodeMetadata.
+func (r *HostReconciler) applyNodeMetadata(ctx context.Context, h *apiary.Host, ta *tenantAccess, node *corev1.Node) error {
+	n, changed := nodeMetadata(h, node)
 	if !changed {
 		return nil
 	}

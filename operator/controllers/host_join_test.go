@@ -8,11 +8,13 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -106,5 +108,46 @@ func TestNodePoll(t *testing.T) {
 		if got := r.nodePoll(h); got != c.want {
 			t.Errorf("%s after the join (finished %v): poll %s, want %s", c.since, c.finished, got, c.want)
 		}
+	}
+}
+
+// A control-plane Host's Node carries kubeadm's role label and NoSchedule
+// taint; back to worker it loses them, and keeps what the Host's own
+// labels and taints and others put there.
+func TestNodeMetadata(t *testing.T) {
+	h := &apiary.Host{Spec: apiary.HostSpec{Role: apiary.HostRoleControlPlane,
+		Labels: map[string]string{"zone": "a"},
+		Taints: []corev1.Taint{{Key: "dedicated", Value: "x", Effect: corev1.TaintEffectNoExecute}}}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"kubernetes.io/hostname": "n"}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "other", Effect: corev1.TaintEffectNoSchedule}}}}
+	cp, changed := nodeMetadata(h, node)
+	if !changed {
+		t.Fatal("no change for a new control-plane Node")
+	}
+	if _, ok := cp.Labels[LabelNodeRoleControlPlane]; !ok || cp.Labels["zone"] != "a" || cp.Labels["kubernetes.io/hostname"] != "n" {
+		t.Errorf("labels %v", cp.Labels)
+	}
+	if !slices.ContainsFunc(cp.Spec.Taints, func(x corev1.Taint) bool {
+		return x.Key == LabelNodeRoleControlPlane && x.Effect == corev1.TaintEffectNoSchedule
+	}) ||
+		len(cp.Spec.Taints) != 3 {
+		t.Errorf("taints %v", cp.Spec.Taints)
+	}
+	if _, again := nodeMetadata(h, cp); again {
+		t.Error("an up-to-date Node would be updated again")
+	}
+	h.Spec.Role = apiary.HostRoleWorker
+	w, changed := nodeMetadata(h, cp)
+	if !changed {
+		t.Fatal("no change back to worker")
+	}
+	if _, ok := w.Labels[LabelNodeRoleControlPlane]; ok || w.Labels["zone"] != "a" {
+		t.Errorf("worker labels %v", w.Labels)
+	}
+	if len(w.Spec.Taints) != 2 || slices.ContainsFunc(w.Spec.Taints, func(x corev1.Taint) bool { return x.Key == LabelNodeRoleControlPlane }) {
+		t.Errorf("worker taints %v", w.Spec.Taints)
+	}
+	if _, again := nodeMetadata(h, w); again {
+		t.Error("an up-to-date worker Node would be updated again")
 	}
 }
