@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -371,33 +370,7 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 
 // target resolves how to reach the host: its SSH key from the Secret.
 func (r *HostReconciler) target(ctx context.Context, h *apiary.Host) (hosts.Target, string, error) {
-	var sec corev1.Secret
-	key := client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.SSHKeySecretRef.Name}
-	if err := r.APIReader.Get(ctx, key, &sec); err != nil {
-		if apierrors.IsNotFound(err) {
-			return hosts.Target{}, ReasonSecretNotFound, fmt.Errorf("spec.sshKeySecretRef: Secret %s not found", key)
-		}
-		return hosts.Target{}, ReasonSecretNotFound, fmt.Errorf("reading Secret %s: %w", key, err)
-	}
-	pk := sec.Data[apiary.SSHPrivateKeyKey]
-	if len(pk) == 0 {
-		return hosts.Target{}, hosts.ReasonInvalidPrivateKey, fmt.Errorf("spec.sshKeySecretRef: Secret %s has no %q key", key, apiary.SSHPrivateKeyKey)
-	}
-	t := hosts.Target{
-		Address:                  h.Spec.Address,
-		Port:                     int(h.Spec.Port),
-		User:                     h.Spec.User,
-		PrivateKey:               pk,
-		HostKey:                  h.Spec.HostKey,
-		InsecureSkipHostKeyCheck: h.Spec.InsecureSkipHostKeyCheck,
-	}
-	if t.Port == 0 {
-		t.Port = 22
-	}
-	if t.User == "" {
-		t.User = "root"
-	}
-	return t, "", nil
+	return hostTarget(ctx, r.APIReader, h)
 }
 
 // retryAfter is how long after a failed step's end the next attempt

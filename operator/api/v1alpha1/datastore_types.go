@@ -165,7 +165,7 @@ type DataStoreSpec struct {
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 	// HostAccess lets registered-mode tenants' control-plane hosts reach
 	// this DataStore. Unset: only control planes in the management cluster
-	// reach it, and registered mode is refused for its tenants.
+	// reach it.
 	// +optional
 	HostAccess *HostAccess `json:"hostAccess,omitempty"`
 }
