@@ -57,8 +57,8 @@ func AgentPodSpec(in AgentInputs) *corev1ac.PodSpecApplyConfiguration {
 			"--ca-cert="+serviceAccountDir+"/ca.crt",
 			"--proxy-server-host="+in.ServerHost,
 			fmt.Sprintf("--proxy-server-port=%d", AgentPort),
-			fmt.Sprintf("--admin-server-port=%d", AdminPort),
-			fmt.Sprintf("--health-server-port=%d", HealthPort),
+			fmt.Sprintf("--admin-server-port=%d", AgentAdminPort),
+			fmt.Sprintf("--health-server-port=%d", AgentHealthPort),
 			"--service-account-token-path="+tokenDir+"/konnectivity-agent-token",
 			"--agent-identifiers=host=$(NODE_IP)",
 			// Keep looking for servers, and count them by their leases: a
@@ -72,7 +72,7 @@ func AgentPodSpec(in AgentInputs) *corev1ac.PodSpecApplyConfiguration {
 		WithEnv(corev1ac.EnvVar().WithName("NODE_IP").WithValueFrom(corev1ac.EnvVarSource().
 			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("status.hostIP")))).
 		WithLivenessProbe(corev1ac.Probe().
-			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromInt32(HealthPort)).WithHost("127.0.0.1")).
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromInt32(AgentHealthPort)).WithHost("127.0.0.1")).
 			WithInitialDelaySeconds(15).WithTimeoutSeconds(15)).
 		WithResources(corev1ac.ResourceRequirements().
 			WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("30Mi")})).

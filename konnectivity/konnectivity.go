@@ -7,12 +7,19 @@ import "github.com/apiaryhq/apiary/images"
 const Version = "v0.36.0"
 
 // Ports of konnectivity-server in the control-plane pod. The agent port is
-// also a port of the tenant Service, on the API's address; the agents serve
-// their own admin and health ports on the same numbers.
+// also a port of the tenant Service, on the API's address.
 const (
 	AgentPort  = 8132
 	AdminPort  = 8133
 	HealthPort = 8134
+)
+
+// The agents' own admin and health ports (upstream's defaults), on their
+// nodes' network. They differ from the server's: a registered tenant's
+// control-plane host runs both (the agent DaemonSet tolerates every taint).
+const (
+	AgentHealthPort = 8093
+	AgentAdminPort  = 8094
 )
 
 // Namespace of the tenant that holds the agents, their ServiceAccount and

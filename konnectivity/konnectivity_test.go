@@ -122,3 +122,18 @@ func TestAgentAndServerAgree(t *testing.T) {
 		t.Errorf("server image %s, want %s", got, want)
 	}
 }
+
+// A registered tenant's control-plane host runs an agent and a server on
+// its network: none of the agent's ports may be one the server binds.
+func TestAgentAndServerPortsDoNotClash(t *testing.T) {
+	server := map[int]bool{AgentPort: true, AdminPort: true, HealthPort: true}
+	args := strings.Join(AgentPodSpec(AgentInputs{Image: "x", ServerHost: "192.0.2.10"}).Containers[0].Args, " ")
+	for _, p := range []int{AgentAdminPort, AgentHealthPort} {
+		if server[p] {
+			t.Errorf("agent port %d is also the server's", p)
+		}
+		if !strings.Contains(args, fmt.Sprintf("=%d", p)) {
+			t.Errorf("agent args %s do not set port %d", args, p)
+		}
+	}
+}
