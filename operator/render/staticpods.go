@@ -107,6 +107,26 @@ func StaticPodComponents(in Inputs) []string {
 	return names
 }
 
+// StaticPodPorts are the TCP ports a registered host's control plane
+// listens on (hostNetwork): every container port, and konnectivity-server's
+// admin port, which it binds without declaring it. They must be free
+// before the manifests are written.
+func StaticPodPorts(in Inputs) []int {
+	var ports []int
+	for _, c := range controlPlane(in) {
+		for _, p := range c.container.Ports {
+			if p.ContainerPort != nil {
+				ports = append(ports, int(*p.ContainerPort))
+			}
+		}
+		if c.name == konnectivity.ServerName {
+			ports = append(ports, konnectivity.AdminPort)
+		}
+	}
+	slices.Sort(ports)
+	return slices.Compact(ports)
+}
+
 func (f mountedFile) data(in Inputs, configMaps map[string]map[string]string) ([]byte, error) {
 	if f.configMap != "" {
 		v, ok := configMaps[f.configMap][f.key]
@@ -166,9 +186,14 @@ func staticPod(in Inputs, c component, hash string) *corev1ac.PodApplyConfigurat
 			WithPriorityClassName("system-node-critical").
 			WithPriority(priorityNodeCritical).
 			// Root reads the 0600 root-owned files, as in kubeadm's
-			// static Pods; the containers keep no capability, a
-			// read-only root and no privilege escalation.
+			// static Pods, whatever user an image defaults to (upstream's
+			// konnectivity-server image is nonroot, 65532); the containers
+			// keep no capability, a read-only root and no privilege
+			// escalation.
 			WithSecurityContext(corev1ac.PodSecurityContext().
+				WithRunAsUser(0).
+				WithRunAsGroup(0).
+				WithRunAsNonRoot(false).
 				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
 			WithContainers(&ctr).
 			WithVolumes(volumes...))

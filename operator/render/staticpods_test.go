@@ -113,6 +113,9 @@ func TestStaticPodsMountExactlyTheirFiles(t *testing.T) {
 	}
 	for _, c := range controlPlane(in) {
 		p := pods[c.name]
+		if sc := p.Spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+			t.Errorf("%s does not run as root, which alone reads the 0600 files", c.name)
+		}
 		if !p.Spec.HostNetwork || p.Namespace != "kube-system" || p.Spec.PriorityClassName != "system-node-critical" {
 			t.Errorf("%s: hostNetwork %v namespace %q priority class %q", c.name, p.Spec.HostNetwork, p.Namespace, p.Spec.PriorityClassName)
 		}
@@ -205,5 +208,17 @@ func TestStaticPodsWithoutKonnectivity(t *testing.T) {
 		if m.MountPath == konnectivity.SocketDir {
 			t.Error("kube-apiserver mounts the konnectivity socket without konnectivity")
 		}
+	}
+}
+
+func TestStaticPodPorts(t *testing.T) {
+	in := issuedInputs()
+	if got, want := StaticPodPorts(in), []int{6443, 8132, 8133, 8134, 10257, 10259}; !slices.Equal(got, want) {
+		t.Errorf("ports %v, want %v", got, want)
+	}
+	in.TCP.Spec.Network.Port = 443
+	in.TCP.Spec.Addons.Konnectivity.Enabled = new(false)
+	if got, want := StaticPodPorts(in), []int{443, 10257, 10259}; !slices.Equal(got, want) {
+		t.Errorf("ports without konnectivity %v, want %v", got, want)
 	}
 }
