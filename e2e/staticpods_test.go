@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -101,20 +102,49 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 	if !slices.Contains(ds.Status.HostEndpoints, "https://"+net.JoinHostPort(hostAccessAddress, "2379")) {
 		t.Fatalf("status.hostEndpoints %v, want the address asked for", ds.Status.HostEndpoints)
 	}
-	// Who reaches the DataStore from outside: the control-plane host, on
-	// the client port only.
-	dial := func(host *sshhost.Host, port int) error {
-		out, err := d.Exec(e.Ctx, host.Name, "timeout", "3", "bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/%d", hostAccessAddress, port))
+	// Who reaches the DataStore from outside, checked from the hosts
+	// themselves as a switch's preflight does (SSH-forwarded connections,
+	// TLS end to end with the tenant's etcd credentials): the
+	// control-plane host, on the client port only.
+	sshTo := func(host *sshhost.Host) *hosts.Client {
+		t.Helper()
+		c, err := hosts.Dial(e.Ctx, hosts.Target{Address: host.Address, Port: host.Port, User: host.User, PrivateKey: host.PrivateKeyPEM, HostKey: host.HostKeyAuthorized})
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	c, co := sshTo(h), sshTo(other)
+	var dsSecret corev1.Secret
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.SecretName(tcp, render.SecretDataStoreClient)}, &dsSecret); err != nil {
+		t.Fatal(err)
+	}
+	etcdCert, err := tls.X509KeyPair(dsSecret.Data[render.KeyTLSCert], dsSecret.Data[render.KeyTLSKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdCA := x509.NewCertPool()
+	etcdCA.AppendCertsFromPEM(dsSecret.Data[render.KeyCACert])
+	etcdTLS := &tls.Config{RootCAs: etcdCA, Certificates: []tls.Certificate{etcdCert}, MinVersion: tls.VersionTLS12}
+	health := ds.Status.HostEndpoints[0] + "/health"
+	framework.Eventually(t, "the control-plane host reaches the DataStore with the tenant's certificate", time.Minute, func() error {
+		code, err := c.GetFromHost(e.Ctx, health, etcdTLS)
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("GET %s from %s: %d %v", health, h.Name, code, err)
 		}
 		return nil
+	})
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(e.Ctx, 3*time.Second)
+		t.Cleanup(cancel)
+		return ctx
 	}
-	framework.Eventually(t, "the control-plane host reaches the client port", time.Minute, func() error { return dial(h, 2379) })
-	if err := dial(other, 2379); err == nil {
-		t.Errorf("%s, no control-plane Host, connected to the DataStore's client port at %s", other.Name, hostAccessAddress)
+	if code, err := co.GetFromHost(short(), health, etcdTLS); err == nil {
+		t.Errorf("%s, no control-plane Host, reached the DataStore's client port: %d", other.Name, code)
 	}
-	if err := dial(h, 2380); err == nil {
+	if conn, err := c.DialFromHost(short(), net.JoinHostPort(hostAccessAddress, "2380")); err == nil {
+		conn.Close()
 		t.Errorf("the control-plane host connected to the DataStore's peer port at %s", hostAccessAddress)
 	}
 
@@ -154,11 +184,10 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 		}
 		return out
 	}
-	c, err := hosts.Dial(e.Ctx, hosts.Target{Address: h.Address, Port: h.Port, User: h.User, PrivateKey: h.PrivateKeyPEM, HostKey: h.HostKeyAuthorized})
-	if err != nil {
-		t.Fatal(err)
+	ports := render.StaticPodPorts(in)
+	if used, err := hosts.PortsInUse(e.Ctx, c, ports); err != nil || len(used) > 0 {
+		t.Fatalf("before the control plane, ports %v in use on %s (%v)", used, h.Name, err)
 	}
-	defer c.Close()
 	start := time.Now()
 	n, err := hosts.WriteControlPlane(e.Ctx, c, toHost(files), toHost(manifests))
 	if err != nil {
@@ -211,6 +240,20 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 		return nil
 	})
 	ready := time.Since(start)
+	// Its ports are taken now, as the preflight of a second copy would see.
+	// The static Pods' logs, when something does not come up.
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := d.Exec(e.Ctx, h.Name, "sh", "-c", "for f in /var/log/pods/kube-system_*/*/*.log; do echo \"== $f\"; tail -n 20 \"$f\"; done")
+			t.Logf("static Pods' logs on %s:\n%s", h.Name, out)
+		}
+	})
+	framework.Eventually(t, "every control-plane port in use on "+h.Name, time.Minute, func() error {
+		if used, err := hosts.PortsInUse(e.Ctx, c, ports); err != nil || !slices.Equal(used, ports) {
+			return fmt.Errorf("ports in use %v (%v), want %v", used, err, ports)
+		}
+		return nil
+	})
 	t.Logf("FIGURE static control plane on %s: %d files written in %s, kube-apiserver /readyz at %s", h.Name, n, written.Round(time.Millisecond), ready.Round(time.Millisecond))
 
 	// The tenant sees the mirror Pods of its node.

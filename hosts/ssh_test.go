@@ -10,10 +10,7 @@ import (
 	"crypto/rsa"
 	"encoding/pem"
 	"errors"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/pkg/sftp"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -24,6 +21,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/pkg/sftp"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -133,6 +135,11 @@ func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, o serverOptions) {
 	}
 	go ssh.DiscardRequests(reqs)
 	for nc := range chans {
+		if nc.ChannelType() == "direct-tcpip" && o.shell {
+			// Port forwarding from "the host" (this machine), as sshd does.
+			go forwardTCP(nc)
+			continue
+		}
 		ch, creqs, err := nc.Accept()
 		if err != nil {
 			continue
@@ -414,4 +421,34 @@ func TestInstallObeysItsContext(t *testing.T) {
 			t.Logf("stalled install ended after %s: %v", took.Round(time.Millisecond), err)
 		})
 	}
+}
+
+// forwardTCP serves a direct-tcpip channel: a connection from this machine
+// to the address the client asked for.
+func forwardTCP(nc ssh.NewChannel) {
+	var p struct {
+		Host     string
+		Port     uint32
+		OrigHost string
+		OrigPort uint32
+	}
+	if err := ssh.Unmarshal(nc.ExtraData(), &p); err != nil {
+		_ = nc.Reject(ssh.ConnectionFailed, err.Error())
+		return
+	}
+	conn, err := net.Dial("tcp", net.JoinHostPort(p.Host, fmt.Sprint(p.Port)))
+	if err != nil {
+		_ = nc.Reject(ssh.ConnectionFailed, err.Error())
+		return
+	}
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		conn.Close()
+		return
+	}
+	go ssh.DiscardRequests(reqs)
+	go func() { _, _ = io.Copy(ch, conn); _ = ch.CloseWrite() }()
+	_, _ = io.Copy(conn, ch)
+	conn.Close()
+	ch.Close()
 }
