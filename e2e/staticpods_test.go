@@ -116,16 +116,13 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 		return c
 	}
 	c, co := sshTo(h), sshTo(other)
-	var dsSecret corev1.Secret
-	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.SecretName(tcp, render.SecretDataStoreClient)}, &dsSecret); err != nil {
-		t.Fatal(err)
-	}
-	etcdCert, err := tls.X509KeyPair(dsSecret.Data[render.KeyTLSCert], dsSecret.Data[render.KeyTLSKey])
+	dsClient := tenantSecret(t, e, tcp, render.SecretDataStoreClient)
+	etcdCert, err := tls.X509KeyPair(dsClient[render.KeyTLSCert], dsClient[render.KeyTLSKey])
 	if err != nil {
 		t.Fatal(err)
 	}
 	etcdCA := x509.NewCertPool()
-	etcdCA.AppendCertsFromPEM(dsSecret.Data[render.KeyCACert])
+	etcdCA.AppendCertsFromPEM(dsClient[render.KeyCACert])
 	etcdTLS := &tls.Config{RootCAs: etcdCA, Certificates: []tls.Certificate{etcdCert}, MinVersion: tls.VersionTLS12}
 	health := ds.Status.HostEndpoints[0] + "/health"
 	framework.Eventually(t, "the control-plane host reaches the DataStore with the tenant's certificate", time.Minute, func() error {
@@ -143,6 +140,18 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 	if code, err := co.GetFromHost(short(), health, etcdTLS); err == nil {
 		t.Errorf("%s, no control-plane Host, reached the DataStore's client port: %d", other.Name, code)
 	}
+	// And the tenant's endpoint, as the host's kubelet and a second API
+	// server there would, with a client certificate of the tenant's CA.
+	kcl := tenantSecret(t, e, tcp, render.SecretAPIServerKubeletClient)
+	kubeletCert, err := tls.X509KeyPair(kcl[render.KeyTLSCert], kcl[render.KeyTLSKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenantCA := x509.NewCertPool()
+	tenantCA.AppendCertsFromPEM(tenantSecret(t, e, tcp, render.SecretCA)[render.KeyTLSCert])
+	if code, err := c.GetFromHost(e.Ctx, tcp.Status.Endpoint+"/readyz", &tls.Config{RootCAs: tenantCA, Certificates: []tls.Certificate{kubeletCert}, MinVersion: tls.VersionTLS12}); err != nil || code != http.StatusOK {
+		t.Errorf("GET %s/readyz from %s: %d %v", tcp.Status.Endpoint, h.Name, code, err)
+	}
 	if conn, err := c.DialFromHost(short(), net.JoinHostPort(hostAccessAddress, "2380")); err == nil {
 		conn.Close()
 		t.Errorf("the control-plane host connected to the DataStore's peer port at %s", hostAccessAddress)
@@ -151,11 +160,7 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 	// Render what a registered host runs, from the tenant's own Secrets.
 	secrets := map[render.SecretKind]map[string][]byte{}
 	for _, kind := range render.AllSecretKinds {
-		var s corev1.Secret
-		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.SecretName(tcp, kind)}, &s); err != nil {
-			t.Fatal(err)
-		}
-		secrets[kind] = s.Data
+		secrets[kind] = tenantSecret(t, e, tcp, kind)
 	}
 	ep, err := url.Parse(tcp.Status.Endpoint)
 	if err != nil {
@@ -297,4 +302,14 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 		}
 		return nil
 	})
+}
+
+// tenantSecret is the data of one of the tenant's Secrets.
+func tenantSecret(t *testing.T, e *env, tcp *apiary.TenantControlPlane, kind render.SecretKind) map[string][]byte {
+	t.Helper()
+	var s corev1.Secret
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: tcp.Namespace, Name: render.SecretName(tcp, kind)}, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s.Data
 }
