@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"testing"
-
-	"golang.org/x/crypto/ssh"
 )
 
 func TestParseListening(t *testing.T) {
@@ -38,14 +36,7 @@ func TestParseListening(t *testing.T) {
 // SSH server that forwards as sshd does), with credentials the host only
 // relays.
 func TestChecksFromTheHost(t *testing.T) {
-	client, clientPEM := newKey(t)
-	host, _ := newKey(t)
-	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, shell: true})
-	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialTestServer(t, serverOptions{shell: true})
 
 	// A listener here is a port in use on "the host".
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 )
 
 // controlPlaneHost is this machine behind an SSH server with a shell and
@@ -20,14 +18,7 @@ func controlPlaneHost(t *testing.T) (*Client, string) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the control-plane files are owned by root: run as root (CI does)")
 	}
-	client, clientPEM := newKey(t)
-	host, _ := newKey(t)
-	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, shell: true, sftp: "local"})
-	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := dialTestServer(t, serverOptions{shell: true, sftp: "local"})
 	dir := t.TempDir()
 	old := cpStageDir
 	cpStageDir = filepath.Join(dir, "stage")

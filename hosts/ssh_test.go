@@ -126,6 +126,23 @@ func startSSHServerWith(t *testing.T, authorized ssh.PublicKey, o serverOptions)
 	return &sshServer{addr: l.Addr().String(), hostKey: o.hostKeys[len(o.hostKeys)-1].PublicKey()}
 }
 
+// dialTestServer starts an SSH server with o (its host key made here) and
+// returns a client connected to it with a fresh key, closed when the test
+// ends.
+func dialTestServer(t *testing.T, o serverOptions) *Client {
+	t.Helper()
+	client, clientPEM := newKey(t)
+	host, _ := newKey(t)
+	o.hostKeys = []ssh.Signer{host}
+	srv := startSSHServerWith(t, client.PublicKey(), o)
+	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func serveSSH(conn net.Conn, cfg *ssh.ServerConfig, o serverOptions) {
 	endless := o.endless
 	_, chans, reqs, err := ssh.NewServerConn(conn, cfg)
@@ -294,14 +311,7 @@ func TestDialStockHostKeys(t *testing.T) {
 // A host that streams output forever fails the command with a bounded
 // message; what the client kept is bounded too.
 func TestRunScriptBoundsOutput(t *testing.T) {
-	client, clientPEM := newKey(t)
-	host, _ := newKey(t)
-	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, endless: true})
-	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialTestServer(t, serverOptions{endless: true})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	out, err := c.RunScript(ctx, "yes\n")
@@ -323,14 +333,7 @@ func TestRunScriptTakesTheHostLock(t *testing.T) {
 	old := LockPath
 	LockPath = filepath.Join(t.TempDir(), "agent.lock")
 	t.Cleanup(func() { LockPath = old })
-	client, clientPEM := newKey(t)
-	host, _ := newKey(t)
-	srv := startSSHServerWith(t, client.PublicKey(), serverOptions{hostKeys: []ssh.Signer{host}, shell: true})
-	c, err := Dial(t.Context(), srv.target(t, clientPEM, host.PublicKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialTestServer(t, serverOptions{shell: true})
 	marker := filepath.Join(t.TempDir(), "ran")
 	script := "touch " + Quote(marker) + "\necho ran\n"
 
