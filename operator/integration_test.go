@@ -1416,7 +1416,7 @@ func (s *suite) testHostAccess(t *testing.T, ds *apiary.DataStore) {
 		if err := s.c.Get(s.ctx, svcKey, &svc); err != nil {
 			return err
 		}
-		return s.dataStoreCondition(ds.Name, apiary.ConditionHostAccessReady, metav1.ConditionFalse, controllers.ReasonWaitingForHostIP)
+		return s.dataStoreCondition(ds.Name, apiary.ConditionHostAccessReady, metav1.ConditionFalse, controllers.ReasonWaitingForAddress)
 	})
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal ||
 		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != managedetcd.ClientPort {

@@ -97,7 +97,7 @@ func (r *DataStoreReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// The host Service's address (spec.hostAccess).
 		Owns(&corev1.Service{}).
 		// Control-plane Hosts are admitted to the client port by address.
-		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.dataStoreOfHost)).
+		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.dataStoreOfHost), builder.WithPredicates(hostChangesAdmission())).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			tcp := o.(*apiary.TenantControlPlane)
 			var reqs []reconcile.Request

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -21,7 +23,6 @@ import (
 const (
 	ReasonHostAccessReady    = "Exposed"
 	ReasonHostAccessDeclared = "Declared"
-	ReasonWaitingForHostIP   = "WaitingForAddress"
 )
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=hosts,verbs=get;list;watch
@@ -44,7 +45,9 @@ func (r *DataStoreReconciler) reconcileHostAccess(ctx context.Context, ds *apiar
 		ds.Status.HostEndpoints = nil
 		meta.RemoveStatusCondition(&ds.Status.Conditions, apiary.ConditionHostAccessReady)
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ds.Spec.Managed.Namespace, Name: managedetcd.HostServiceName(ds)}}
-		return ha, deleteOwnedBy(ctx, r.APIReader, r.Client, ds.UID, svc)
+		// From the cache (the operator's Services are cached): no request
+		// to the API server on every reconcile of a DataStore without it.
+		return ha, deleteOwnedBy(ctx, r.Client, r.Client, ds.UID, svc)
 	}
 	svc := managedetcd.HostService(ds)
 	if err := r.Client.Apply(ctx, svc, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
@@ -72,7 +75,7 @@ func (r *DataStoreReconciler) reconcileHostAccess(ctx context.Context, ds *apiar
 	ha.sources = sources
 	ds.Status.HostEndpoints = endpoints
 	if len(endpoints) == 0 {
-		r.set(ds, apiary.ConditionHostAccessReady, metav1.ConditionFalse, ReasonWaitingForHostIP,
+		r.set(ds, apiary.ConditionHostAccessReady, metav1.ConditionFalse, ReasonWaitingForAddress,
 			fmt.Sprintf("Service %s/%s of type LoadBalancer has no IP address yet", ds.Spec.Managed.Namespace, managedetcd.HostServiceName(ds)))
 		return ha, nil
 	}
@@ -100,9 +103,12 @@ func (r *DataStoreReconciler) externalHostAccess(ds *apiary.DataStore) {
 }
 
 // controlPlaneHostSources are the addresses of the control-plane Hosts of
-// the tenants bound to ds, as /32 or /128 CIDRs, sorted. A Host addressed
-// by DNS name is left out (the NetworkPolicy takes addresses only), and
-// so is a tenant's Host whose tenant is not bound here.
+// the tenants bound to ds, as /32 or /128 CIDRs, sorted. Only joined Hosts
+// count (phase Ready: the agent reached that address with the pinned key
+// and joined it), so that writing a Host object naming any address (a
+// management pod's, another machine's) does not open the client port to
+// it. A Host addressed by DNS name is left out (the NetworkPolicy takes
+// addresses only), and so is one whose tenant is not bound here.
 func (r *DataStoreReconciler) controlPlaneHostSources(ctx context.Context, ds *apiary.DataStore) ([]string, error) {
 	var hosts apiary.HostList
 	if err := r.Client.List(ctx, &hosts); err != nil {
@@ -110,7 +116,8 @@ func (r *DataStoreReconciler) controlPlaneHostSources(ctx context.Context, ds *a
 	}
 	var out []string
 	for _, h := range hosts.Items {
-		if h.Spec.Role != apiary.HostRoleControlPlane || !slices.Contains(ds.Status.UsedBy, h.Namespace+"/"+h.Spec.TenantControlPlane) {
+		if h.Spec.Role != apiary.HostRoleControlPlane || h.Status.Phase != apiary.HostPhaseReady ||
+			!slices.Contains(ds.Status.UsedBy, h.Namespace+"/"+h.Spec.TenantControlPlane) {
 			continue
 		}
 		ip := net.ParseIP(h.Spec.Address)
@@ -127,11 +134,11 @@ func (r *DataStoreReconciler) controlPlaneHostSources(ctx context.Context, ds *a
 	return slices.Compact(out), nil
 }
 
-// dataStoreOfHost maps a control-plane Host to its tenant's DataStore,
-// whose NetworkPolicy admits it.
+// dataStoreOfHost maps a Host to its tenant's DataStore, whose
+// NetworkPolicy admits the tenant's joined control-plane Hosts.
 func (r *DataStoreReconciler) dataStoreOfHost(ctx context.Context, o client.Object) []reconcile.Request {
 	h, ok := o.(*apiary.Host)
-	if !ok || h.Spec.Role != apiary.HostRoleControlPlane {
+	if !ok {
 		return nil
 	}
 	var tcp apiary.TenantControlPlane
@@ -142,4 +149,22 @@ func (r *DataStoreReconciler) dataStoreOfHost(ctx context.Context, o client.Obje
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: tcp.Status.DataStore.Name}}}
+}
+
+// hostChangesAdmission passes the Host changes that add it to or remove it
+// from its DataStore's admitted sources: its role (both ways), its phase
+// becoming or ceasing to be Ready, creation and deletion. Not the journal's
+// many status writes while a host installs.
+func hostChangesAdmission() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, okOld := e.ObjectOld.(*apiary.Host)
+		n, okNew := e.ObjectNew.(*apiary.Host)
+		if !okOld || !okNew {
+			return true
+		}
+		cp := func(h *apiary.Host) bool {
+			return h.Spec.Role == apiary.HostRoleControlPlane && h.Status.Phase == apiary.HostPhaseReady
+		}
+		return cp(o) != cp(n) || !o.DeletionTimestamp.Equal(n.DeletionTimestamp)
+	}}
 }
