@@ -2,7 +2,6 @@ package render
 
 import (
 	"fmt"
-	"path"
 	"slices"
 	"strings"
 
@@ -214,5 +213,5 @@ func hostVolumeName(p string) string {
 	if len(n) > 63 {
 		n = strings.TrimRight(n[:63], "-")
 	}
-	return path.Clean(n)
+	return n
 }
