@@ -44,13 +44,15 @@ const hostAccessAddress = framework.DataStoreHostAddress
 //
 // other is a machine that is no control-plane Host: the DataStore's client
 // port refuses it, and the peer port is not exposed to anyone.
-func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *sshhost.Host, hostName string) {
+//
+// failedHostName is a Host at other's address that never joined.
+func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *sshhost.Host, hostName, failedHostName string) {
 	ns := framework.TenantsNS
 	// A control-plane Host: the DataStore's NetworkPolicy admits it.
-	setRole := func(role apiary.HostRole) {
+	setRoleOf := func(name string, role apiary.HostRole) {
 		t.Helper()
 		var host apiary.Host
-		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: hostName}, &host); err != nil {
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: name}, &host); err != nil {
 			t.Fatal(err)
 		}
 		host.Spec.Role = role
@@ -58,6 +60,7 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 			t.Fatal(err)
 		}
 	}
+	setRole := func(role apiary.HostRole) { t.Helper(); setRoleOf(hostName, role) }
 	kc := e.ExportKubeconfig(t, "alpha")
 	// The Node's role marks, as kubeadm sets them on a control-plane Node.
 	nodeMarks := func() string {
@@ -140,6 +143,17 @@ func (e *env) testStaticControlPlane(t *testing.T, d *sshhost.Docker, h, other *
 	if code, err := co.GetFromHost(short(), health, etcdTLS); err == nil {
 		t.Errorf("%s, no control-plane Host, reached the DataStore's client port: %d", other.Name, code)
 	}
+	// A tenant names the other machine in a control-plane Host it cannot
+	// join (Host wrong-ssh-key: the agent is refused there): writing the
+	// object does not open the client port to that address.
+	setRoleOf(failedHostName, apiary.HostRoleControlPlane)
+	for range 5 {
+		time.Sleep(2 * time.Second)
+		if code, err := co.GetFromHost(short(), health, etcdTLS); err == nil {
+			t.Fatalf("%s, named by a control-plane Host that never joined, reached the DataStore's client port: %d", other.Name, code)
+		}
+	}
+	setRoleOf(failedHostName, apiary.HostRoleWorker)
 	// And the tenant's endpoint, as the host's kubelet and a second API
 	// server there would, with a client certificate of the tenant's CA.
 	kcl := tenantSecret(t, e, tcp, render.SecretAPIServerKubeletClient)

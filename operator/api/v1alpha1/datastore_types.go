@@ -115,7 +115,7 @@ type HostAccess struct {
 	// ServiceType of the Service that exposes a managed etcd's client port
 	// (never its peer port) to hosts: LoadBalancer, the only type so far
 	// (and the default). Its NetworkPolicy admits, on that port, only the
-	// addresses of the control-plane Hosts of the tenants bound to the
+	// addresses of the joined control-plane Hosts of the tenants bound to the
 	// DataStore.
 	// +kubebuilder:validation:Enum=LoadBalancer
 	// +optional
