@@ -176,7 +176,7 @@ func TestHelmRBACNarrowedToNamespaces(t *testing.T) {
 	}
 	cluster := grants(clusterRole)
 	for g := range cluster {
-		for _, namespaced := range []string{"/secrets:", "/configmaps:", "/services:", "/pods:", "/deployments:", "/statefulsets:", "/networkpolicies:"} {
+		for _, namespaced := range []string{"/secrets:", "/configmaps:", "/services:", "/pods:", "/deployments:", "/statefulsets:", "/networkpolicies:", "/endpointslices:"} {
 			if strings.Contains(g, namespaced) {
 				t.Errorf("granted cluster-wide: %s", g)
 			}

@@ -3,6 +3,7 @@
 package operator_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -70,10 +71,15 @@ func (s *suite) testAdmissionChecksTheAuthor(t *testing.T) {
 	patch := client.MergeFrom(ds.DeepCopy())
 	ds.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"apiary.dev/datastore": "restricted"}}
 	s.must(s.c.Patch(s.ctx, ds, patch))
-	err = s.c.Create(s.ctx, newTCP("on-restricted", "restricted"), client.DryRunAll)
-	if err == nil || !strings.Contains(err.Error(), "spec.dataStore") || !strings.Contains(err.Error(), "DataStore restricted does not take tenants of namespace tenants") {
-		t.Fatalf("a tenant on a DataStore that does not take its namespace: %v", err)
-	}
+	// The webhook reads DataStores from the operator's cache, which sees
+	// the patch a moment later.
+	s.eventually("a tenant on a DataStore that does not take its namespace refused", 10*time.Second, func() error {
+		err := s.c.Create(s.ctx, newTCP("on-restricted", "restricted"), client.DryRunAll)
+		if err == nil || !strings.Contains(err.Error(), "spec.dataStore") || !strings.Contains(err.Error(), "DataStore restricted does not take tenants of namespace tenants") {
+			return fmt.Errorf("got %v", err)
+		}
+		return nil
+	})
 
 	// No namespace may turn konnectivity off unless the operator says so.
 	direct := newTCP("direct", "default")

@@ -39,14 +39,17 @@ const (
 
 // Reasons of Host conditions besides those of package hosts.
 const (
-	ReasonConnected       = "Connected"
-	ReasonSecretNotFound  = "SecretNotFound"
-	ReasonPreflightPassed = "Passed"
-	ReasonPreflightFailed = "PreflightFailed"
-	ReasonNotConnected    = "NotConnected"
-	ReasonTenantNotFound  = "TenantNotFound"
-	ReasonInstalled       = "Installed"
-	ReasonInstallFailed   = "InstallFailed"
+	ReasonConnected      = "Connected"
+	ReasonSecretNotFound = hosts.ReasonSecretNotFound
+	// ReasonControlPlaneOnHost: a Host being deleted waits for its tenant
+	// to take the control plane off it.
+	ReasonControlPlaneOnHost = "ControlPlaneOnHost"
+	ReasonPreflightPassed    = "Passed"
+	ReasonPreflightFailed    = "PreflightFailed"
+	ReasonNotConnected       = "NotConnected"
+	ReasonTenantNotFound     = "TenantNotFound"
+	ReasonInstalled          = "Installed"
+	ReasonInstallFailed      = "InstallFailed"
 )
 
 // DefaultNodeBundleRepository is where node bundles are pulled from, tagged
@@ -370,7 +373,7 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 
 // target resolves how to reach the host: its SSH key from the Secret.
 func (r *HostReconciler) target(ctx context.Context, h *apiary.Host) (hosts.Target, string, error) {
-	return hostTarget(ctx, r.APIReader, h)
+	return hosts.TargetOf(ctx, r.APIReader, h)
 }
 
 // retryAfter is how long after a failed step's end the next attempt

@@ -451,6 +451,13 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonCleanupFailed, msg)
 		return false, ctrl.Result{RequeueAfter: 15 * time.Second}
 	}
+	if waiting := r.controlPlaneStillOn(ctx, h); waiting != "" {
+		// Its tenant takes the control plane off the host first: out of
+		// the Service, drained, static Pods removed. Resetting now would
+		// cut the requests it serves.
+		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonControlPlaneOnHost, waiting)
+		return false, ctrl.Result{RequeueAfter: 5 * time.Second}
+	}
 	installed := journalStep(st, StepInstall) != nil
 	ta, _, tenantErr := r.tenant(ctx, h)
 	if ta != nil && st.NodeName != "" {
@@ -518,6 +525,21 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 		log.FromContext(ctx).Info("tenant unreachable during Host cleanup; its Node and token stay", "error", fmt.Sprint(tenantErr))
 	}
 	return true, ctrl.Result{}
+}
+
+// controlPlaneStillOn says why a Host being deleted must wait for its
+// tenant to take the control plane off it ("" when it need not).
+func (r *HostReconciler) controlPlaneStillOn(ctx context.Context, h *apiary.Host) string {
+	var tcp apiary.TenantControlPlane
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil || !tcp.DeletionTimestamp.IsZero() {
+		return ""
+	}
+	for _, cp := range tcp.Status.ControlPlaneHosts {
+		if cp.Host == h.Name && (cp.Step != apiary.HostStepStop || cp.Result != StepSucceeded) {
+			return fmt.Sprintf("tenant %s runs its control plane on this host (step %s %s): waiting until it has left the Service, drained and been removed; the last serving control-plane host of a registered tenant stays until another serves or the tenant is standalone", tcp.Name, cp.Step, cp.Result)
+		}
+	}
+	return ""
 }
 
 // namespaceGoing says whether the namespace is being deleted (its Secrets

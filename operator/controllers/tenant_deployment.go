@@ -34,6 +34,7 @@ func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, 
 		EtcdPrefix:      tcp.Status.DataStore.Prefix,
 		Secrets:         cr.data,
 		ImageRepository: r.ImageRepository,
+		HostsOnly:       hostsOnly(&tcp.Status),
 	})
 	if err := r.Client.Apply(ctx, dep, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return quota, fmt.Errorf("applying Deployment: %w", err)

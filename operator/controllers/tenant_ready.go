@@ -84,10 +84,6 @@ func (r *TenantControlPlaneReconciler) summarizeReady(tcp *apiary.TenantControlP
 		// A fresh API server may lack kube-public for a moment: retry
 		// fast at first, then back off.
 		return r.backoff(tcp, apiary.ConditionTenantBootstrapped)
-	case tcp.Spec.Mode == apiary.ModeRegistered:
-		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonRegisteredNotSupported,
-			"spec.mode registered is not supported yet; the control plane runs standalone and answers at "+ep.URL())
-		return ctrl.Result{}
 	}
 	r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionTrue, ReasonAPIAnswering, "the tenant API answers at "+ep.URL())
 	// Re-check now and then: a broken endpoint emits no event.

@@ -67,7 +67,6 @@ const (
 	ReasonWaitingForPrerequisites = "WaitingForPrerequisites"
 	ReasonAPIAnswering            = "APIAnswering"
 	ReasonAPIUnreachable          = "APIUnreachable"
-	ReasonRegisteredNotSupported  = "RegisteredModeNotSupported"
 	ReasonDeleting                = "Deleting"
 	ReasonApplied                 = "Applied"
 	ReasonBootstrapFailed         = "BootstrapFailed"
@@ -128,6 +127,8 @@ type TenantControlPlaneReconciler struct {
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;create;patch;delete
+// +kubebuilder:rbac:groups=apiary.dev,resources=hosts,verbs=get;list;watch
 
 // SetupWithManager registers the controller and its watches.
 func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -165,6 +166,8 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 		// The management cluster's own ranges, which tenant policies exclude.
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allTenants), builder.WithPredicates(nodeRangesChanged())).
 		Watches(&networkingv1.ServiceCIDR{}, handler.EnqueueRequestsFromMapFunc(r.allTenants), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A control-plane Host joining or leaving moves a registered tenant.
+		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(tenantOfHost), builder.WithPredicates(hostChangesControlPlane())).
 		// A DataStore turning Ready (or not) changes its tenants' conditions.
 		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore), builder.WithPredicates(dataStoreChangesTenants())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
@@ -204,6 +207,9 @@ func (r *TenantControlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.R
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	tcp := orig.DeepCopy()
+	// The status as last written, even if the cache has not caught up:
+	// the mode switch's journal must never step back.
+	tcp.Status = *new(r.statuses.base(orig.UID, orig.ResourceVersion, orig.Status)).DeepCopy()
 	// Render from a defaulted copy: an object written while the webhook was
 	// down renders the same as one that went through it. The spec is never
 	// written back.
@@ -252,7 +258,10 @@ func (r *TenantControlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.R
 func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiary.TenantControlPlane) (ctrl.Result, error) {
 	st := &tcp.Status
 	st.ObservedGeneration = tcp.Generation
-	st.Mode = apiary.ModeStandalone
+	if st.Mode == "" {
+		// Every tenant starts hosted; registered is switched to.
+		st.Mode = apiary.ModeStandalone
+	}
 	st.KubeconfigSecret = ""
 
 	// 1. Datastore binding.
@@ -299,14 +308,24 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 		return ctrl.Result{}, err
 	}
 
-	// 6. The tenant API, probed through its endpoint.
+	// 6. The mode: the control plane on the tenant's control-plane Hosts
+	// (registered) or not, and the switch between them.
+	modeNext, err := r.reconcileMode(ctx, tcp, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded})
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	// 7. The tenant API, probed through its endpoint.
 	api := r.probeTenantAPI(ctx, tcp, ca, ep)
 
-	// 7. What kubeadm join and the nodes need inside the tenant.
+	// 8. What kubeadm join and the nodes need inside the tenant.
 	bootstrapErr := r.reconcileBootstrap(ctx, tcp, cr, ep, api, quota.exceeded != nil)
 
-	// 8. Ready: a summary of the above.
+	// 9. Ready: a summary of the above.
 	result := r.summarizeReady(tcp, ep, api, bootstrapErr)
+	if modeNext > 0 && (result.RequeueAfter == 0 || modeNext < result.RequeueAfter) {
+		result.RequeueAfter = modeNext
+	}
 	// Usage is measured again when due, whatever else happens.
 	if result.RequeueAfter == 0 || quota.next < result.RequeueAfter {
 		result.RequeueAfter = quota.next

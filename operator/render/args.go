@@ -65,6 +65,10 @@ type Inputs struct {
 	// ImageRepository replaces registry.k8s.io in image names (air-gapped
 	// installs); empty means registry.k8s.io.
 	ImageRepository string
+	// HostsOnly: the control plane runs on the tenant's hosts alone
+	// (registered mode): the Deployment keeps its template at 0 replicas,
+	// ready to come back when the tenant switches to standalone.
+	HostsOnly bool
 }
 
 // AdvertiseAddress is the IP kube-apiserver publishes in the tenant's

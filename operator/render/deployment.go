@@ -279,11 +279,15 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 		// Spread replicas over nodes when there are several.
 		WithAffinity(conventions.SpreadOverNodes(selector))
 
+	replicas := *s.Replicas
+	if in.HostsOnly {
+		replicas = 0
+	}
 	return appsv1ac.Deployment(DeploymentName(tcp), tcp.Namespace).
 		WithLabels(Labels(tcp)).
 		WithOwnerReferences(OwnerReference(tcp)).
 		WithSpec(appsv1ac.DeploymentSpec().
-			WithReplicas(*s.Replicas).
+			WithReplicas(replicas).
 			WithRevisionHistoryLimit(3).
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selector)).
 			// Never fewer ready API servers than asked for during a rollout.

@@ -42,8 +42,9 @@ func EndpointSliceName(tcp *apiary.TenantControlPlane, family discoveryv1.Addres
 }
 
 // ServiceWithoutSelector is the tenant Service when the operator lists its
-// backends itself: the same ports and address, no selector (the endpoint
-// slice controller then removes its own slices and keeps its hands off).
+// backends itself: the same ports and address, no selector. The endpoint
+// slice controller then keeps its hands off, but it also leaves the slice
+// it made before as it was: the operator removes that one.
 func ServiceWithoutSelector(tcp *apiary.TenantControlPlane) *corev1ac.ServiceApplyConfiguration {
 	svc := Service(tcp)
 	svc.Spec.Selector = nil

@@ -1,6 +1,7 @@
 package render
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -335,5 +336,20 @@ func TestEndpointSlicesGolden(t *testing.T) {
 	}
 	if svc := ServiceWithoutSelector(tcp); svc.Spec.Selector != nil || len(svc.Spec.Ports) != len(Service(tcp).Spec.Ports) {
 		t.Errorf("Service without selector: selector %v, ports %d", svc.Spec.Selector, len(svc.Spec.Ports))
+	}
+}
+
+// In registered mode the Deployment keeps its template at 0 replicas: the
+// same pods come back, unchanged, when the tenant switches to standalone.
+func TestHostsOnlyScalesTheDeploymentToZero(t *testing.T) {
+	in := inputs(fixture())
+	hosted := Deployment(in)
+	in.HostsOnly = true
+	off := Deployment(in)
+	if *off.Spec.Replicas != 0 || *hosted.Spec.Replicas != *in.TCP.Spec.Replicas {
+		t.Errorf("replicas hosted %d, hosts only %d; want %d and 0", *hosted.Spec.Replicas, *off.Spec.Replicas, *in.TCP.Spec.Replicas)
+	}
+	if !reflect.DeepEqual(hosted.Spec.Template, off.Spec.Template) {
+		t.Error("the pod template differs between the modes: switching back would roll the pods")
 	}
 }

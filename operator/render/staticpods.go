@@ -38,6 +38,10 @@ const (
 	priorityNodeCritical = 2000001000
 )
 
+// KubeletCAPath is the tenant CA the kubelet of a joined host trusts
+// (kubeadm's path); removing the control plane from a host keeps it.
+const KubeletCAPath = pathCACert
+
 // HostFile is a file of a control-plane host, written with HostFileMode by
 // root.
 type HostFile struct {

@@ -153,7 +153,7 @@ func (TenantControlPlane) ValidateDelete(context.Context, *apiary.TenantControlP
 
 func warnings(tcp *apiary.TenantControlPlane) admission.Warnings {
 	if tcp.Spec.Mode == apiary.ModeRegistered {
-		return admission.Warnings{"spec.mode: registered is accepted but not supported yet; the control plane runs standalone and Ready stays False"}
+		return admission.Warnings{"spec.mode: registered runs the control plane on the tenant's Hosts with role control-plane; until one has joined it runs hosted (the ModeSwitched condition and status.modeSwitch show the switch)"}
 	}
 	return nil
 }

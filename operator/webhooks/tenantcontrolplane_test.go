@@ -652,7 +652,7 @@ func TestWarnings(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
-		if len(warns) != 1 || !strings.Contains(warns[0], "spec.mode") || !strings.Contains(warns[0], "registered is accepted but not supported yet") {
+		if len(warns) != 1 || !strings.Contains(warns[0], "spec.mode") || !strings.Contains(warns[0], "runs the control plane on the tenant's Hosts with role control-plane") {
 			t.Errorf("%s warnings = %q, want one about registered mode", name, warns)
 		}
 	}

@@ -165,8 +165,9 @@ type TenantControlPlaneStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Conditions: DataStoreReady, CertificatesReady, EndpointReady,
 	// ControlPlaneAvailable, TenantBootstrapped (the kubeadm bootstrap and
-	// addons applied inside the tenant) and Ready (all of them, and the
-	// tenant API answering through its endpoint).
+	// addons applied inside the tenant), ModeSwitched (spec.mode is in
+	// effect, no switch running) and Ready (all of them, and the tenant
+	// API answering through its endpoint).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -210,6 +211,108 @@ type TenantControlPlaneStatus struct {
 	// +listMapKey=name
 	// +optional
 	Certificates []CertificateStatus `json:"certificates,omitempty"`
+	// ModeSwitch is the journal of the last switch between modes (kept
+	// once completed, replaced by the next one).
+	// +optional
+	ModeSwitch *ModeSwitchStatus `json:"modeSwitch,omitempty"`
+	// ControlPlaneHosts are the Hosts that run, or are being brought to or
+	// from running, the tenant's control plane as static Pods, each with
+	// the last step taken on it. Every step is recorded here before the
+	// host is touched, so a restarted operator resumes it.
+	// +listType=map
+	// +listMapKey=host
+	// +optional
+	ControlPlaneHosts []ControlPlaneHostStatus `json:"controlPlaneHosts,omitempty"`
+}
+
+// Phases of a mode switch, in the order they run.
+const (
+	// SwitchStartingHosts (to registered): one host at a time, the control
+	// plane is written to each control-plane Host and, once its
+	// kube-apiserver answers /readyz, the host joins the tenant Service.
+	SwitchStartingHosts = "StartingHosts"
+	// SwitchHandingOver (to registered): the hosted pods have left the
+	// tenant Service; in-flight requests drain.
+	SwitchHandingOver = "HandingOver"
+	// SwitchScalingDown (to registered): the Deployment scales to zero.
+	SwitchScalingDown = "ScalingDown"
+	// SwitchScalingUp (to standalone): the Deployment comes back and
+	// waits until every replica is ready.
+	SwitchScalingUp = "ScalingUp"
+	// SwitchHandingBack (to standalone): the hosted pods rejoin the
+	// tenant Service.
+	SwitchHandingBack = "HandingBack"
+	// SwitchStoppingHosts (to standalone): one host at a time leaves the
+	// Service, drains, and its static Pods and files are removed.
+	SwitchStoppingHosts = "StoppingHosts"
+	// SwitchCompleted: the target mode is in effect (status.mode).
+	SwitchCompleted = "Completed"
+)
+
+// ModeSwitchStatus records a switch between standalone and registered.
+type ModeSwitchStatus struct {
+	// Target is the mode switched to.
+	Target Mode `json:"target"`
+	// From is the mode in effect when the switch started.
+	From Mode `json:"from"`
+	// Started is when the switch began.
+	Started metav1.Time `json:"started"`
+	// Phase is where the switch is (StartingHosts, HandingOver,
+	// ScalingDown; ScalingUp, HandingBack, StoppingHosts; Completed).
+	Phase string `json:"phase"`
+	// PhaseStarted is when the phase began.
+	PhaseStarted metav1.Time `json:"phaseStarted"`
+	// Finished is when the switch completed.
+	// +optional
+	Finished *metav1.Time `json:"finished,omitempty"`
+	// Reversed counts the times spec.mode changed back mid-switch.
+	// +optional
+	Reversed int32 `json:"reversed,omitempty"`
+}
+
+// Steps of a control-plane Host.
+const (
+	// HostStepStart writes the control plane to the host and waits until
+	// its kube-apiserver answers; the host then serves.
+	HostStepStart = "start"
+	// HostStepUpdate takes a serving host out of the Service, rewrites
+	// what changed (renewed credentials, a new version) and brings it back.
+	HostStepUpdate = "update"
+	// HostStepStop takes the host out of the Service, lets connections
+	// drain and removes its static Pods and files.
+	HostStepStop = "stop"
+)
+
+// ControlPlaneHostStatus is the last step taken on one control-plane host.
+type ControlPlaneHostStatus struct {
+	// Host is the Host's name.
+	Host string `json:"host"`
+	// Address the host serves at (the Host's spec.address when the step
+	// began).
+	Address string `json:"address"`
+	// Step: start, update or stop.
+	Step string `json:"step"`
+	// Result: Running (recorded before the host is touched), Succeeded or
+	// Failed.
+	Result string `json:"result"`
+	// Started is when the step last began.
+	Started metav1.Time `json:"started"`
+	// Finished is when it ended; unset while it runs.
+	// +optional
+	Finished *metav1.Time `json:"finished,omitempty"`
+	// Attempts counts the tries of this step.
+	// +optional
+	Attempts int32 `json:"attempts,omitempty"`
+	// Message says what happened, or why it failed.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Serving: the host is in the tenant Service (its kube-apiserver
+	// answered /readyz when last probed).
+	// +optional
+	Serving bool `json:"serving,omitempty"`
+	// ConfigHash identifies the files and manifests last written.
+	// +optional
+	ConfigHash string `json:"configHash,omitempty"`
 }
 
 // Phase summarises a TenantControlPlane's conditions.
@@ -241,6 +344,10 @@ const (
 	// not know the pod ranges, or applies no policies.
 	ConditionNetworkIsolated = "NetworkIsolated"
 	ConditionReady           = "Ready"
+	// ConditionModeSwitched: status.mode is spec.mode and no switch is in
+	// progress. False while one runs (the reason is its phase) or when it
+	// stopped (the reason says why, the message names host and step).
+	ConditionModeSwitched = "ModeSwitched"
 
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
@@ -272,6 +379,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",message="metadata.name must be a DNS-1035 label: at most 63 lower-case letters, digits and '-', starting with a letter and ending with a letter or digit (it names the tenant's Service)"
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.mode`
+// +kubebuilder:printcolumn:name="Switch",type=string,JSONPath=`.status.conditions[?(@.type=="ModeSwitched")].reason`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
 // +kubebuilder:printcolumn:name="DataStore",type=string,JSONPath=`.status.dataStore.name`

@@ -1,0 +1,807 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/apiaryhq/apiary/hosts"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/pki"
+)
+
+// A tenant's mode moves by one path, host by host, and every step is
+// journaled in status before a host is touched:
+//
+//	to registered: StartingHosts (each control-plane Host gets the static
+//	Pods; once its kube-apiserver answers /readyz it joins the tenant
+//	Service through the operator's EndpointSlice) → HandingOver (the
+//	Service stops selecting the hosted pods, which drain) → ScalingDown
+//	(the Deployment goes to 0) → status.mode registered.
+//
+//	to standalone: ScalingUp (the Deployment comes back, every replica
+//	ready) → HandingBack (the Service selects the pods again, and the
+//	endpoint slice controller lists them) → StoppingHosts (each host leaves
+//	the slice, drains, and its static Pods and files are removed) →
+//	status.mode standalone.
+//
+// At every moment at least one ready API server is behind the tenant's
+// address, so a client sees no failed request. A changed spec.mode
+// mid-switch starts the other direction from where things are; a restarted
+// operator continues from the journal, and every step is idempotent.
+
+const (
+	// endpointSliceController is the endpoint slice controller's
+	// managed-by value: its slices list the pods the Service selects.
+	endpointSliceController = "endpointslice-controller.k8s.io"
+	// drainFor is how long a backend keeps running after it left the
+	// Service: kube-proxy on every node stops sending it new connections,
+	// and requests in flight finish.
+	drainFor = 10 * time.Second
+	// hostStartTimeout bounds how long a host's kube-apiserver may take to
+	// answer /readyz before its step fails.
+	hostStartTimeout = 3 * time.Minute
+	// hostRetryAfter is how long a failed host step waits before it is
+	// tried again.
+	hostRetryAfter = 30 * time.Second
+	// hostProbeEvery is how often serving hosts are probed; one that
+	// fails leaves the slice until it answers again.
+	hostProbeEvery = 10 * time.Second
+	// hostRemoveWait bounds how long control-plane processes may take to
+	// exit once their manifests are gone (seconds).
+	hostRemoveWait = 60
+)
+
+// Reasons of ModeSwitched.
+const (
+	ReasonModeInEffect                = "InEffect"
+	ReasonWaitingForControlPlaneHosts = "WaitingForControlPlaneHosts"
+	ReasonHostAccessNotReady          = "DataStoreNotReachableFromHosts"
+	ReasonHostStepFailed              = "HostStepFailed"
+	ReasonWaitingForAPI               = "WaitingForTenantAPI"
+)
+
+// Results of a host step (as the Host journal's).
+const (
+	resultRunning   = StepRunning
+	resultSucceeded = StepSucceeded
+	resultFailed    = StepFailed
+)
+
+// modeInputs is what the mode step takes from the steps before it.
+type modeInputs struct {
+	cr       *credentials
+	ca       *pki.KeyPair
+	ds       *apiary.DataStore
+	ep       render.Endpoint
+	exceeded *render.QuotaExceeded
+}
+
+// switching reports whether a switch is in progress.
+func switching(st *apiary.TenantControlPlaneStatus) bool {
+	return st.ModeSwitch != nil && st.ModeSwitch.Phase != apiary.SwitchCompleted
+}
+
+// hostsOnly: the hosted pods are not wanted (the Deployment at 0
+// replicas): registered mode in effect, or a switch to it past the hand
+// over.
+func hostsOnly(st *apiary.TenantControlPlaneStatus) bool {
+	if switching(st) {
+		p := st.ModeSwitch.Phase
+		return p == apiary.SwitchScalingDown
+	}
+	return st.Mode == apiary.ModeRegistered
+}
+
+// selectsPods: the tenant Service selects the hosted pods. It does not once
+// they are being handed over, and in registered mode.
+func selectsPods(st *apiary.TenantControlPlaneStatus) bool {
+	if switching(st) {
+		p := st.ModeSwitch.Phase
+		return p != apiary.SwitchHandingOver && p != apiary.SwitchScalingDown
+	}
+	return st.Mode != apiary.ModeRegistered
+}
+
+// firstPhase is where a switch to target starts.
+func firstPhase(target apiary.Mode) string {
+	if target == apiary.ModeRegistered {
+		return apiary.SwitchStartingHosts
+	}
+	return apiary.SwitchScalingUp
+}
+
+// reconcileMode moves the tenant towards spec.mode and keeps registered
+// hosts serving. It returns when to look again (0: no need).
+func (r *TenantControlPlaneReconciler) reconcileMode(ctx context.Context, tcp *apiary.TenantControlPlane, in modeInputs) (time.Duration, error) {
+	st := &tcp.Status
+	now := metav1.NewTime(r.Now())
+	target := tcp.Spec.Mode
+	switch {
+	case !switching(st) && target != st.Mode:
+		if target == apiary.ModeRegistered && !meta.IsStatusConditionTrue(st.Conditions, apiary.ConditionReady) {
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonWaitingForAPI,
+				"the switch to registered starts once the hosted control plane is Ready")
+			// Ready is decided after this step: look again soon.
+			return 2 * time.Second, nil
+		}
+		st.ModeSwitch = &apiary.ModeSwitchStatus{Target: target, From: st.Mode, Started: now, Phase: firstPhase(target), PhaseStarted: now}
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "ModeSwitchStarted", "SwitchMode", "switching from %s to %s", st.Mode, target)
+	case switching(st) && st.ModeSwitch.Target != target:
+		sw := st.ModeSwitch
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "ModeSwitchReversed", "SwitchMode", "spec.mode changed to %s during the %s phase of the switch to %s: going back", target, sw.Phase, sw.Target)
+		sw.Target, sw.Reversed = target, sw.Reversed+1
+		sw.Phase, sw.PhaseStarted, sw.Finished = firstPhase(target), now, nil
+	}
+
+	if !switching(st) {
+		if st.Mode != apiary.ModeRegistered {
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionTrue, ReasonModeInEffect, "the control plane runs hosted (standalone)")
+			return 0, nil
+		}
+		// Registered and steady: day-2 on the hosts (one joining or
+		// leaving, renewed credentials), never below one serving host.
+		next, why, err := r.driveHosts(ctx, tcp, in, true)
+		if err != nil {
+			return 0, err
+		}
+		r.hostsAvailable(tcp)
+		if next == 0 && why == "" && failedHost(st) == nil && servingHosts(st) > 0 {
+			// Every host runs what spec.version renders.
+			st.Version = tcp.Spec.Version
+		}
+		if f := failedHost(st); f != nil {
+			why = fmt.Sprintf("Host %s, step %s, attempt %d failed: %s (tried again every %s)", f.Host, f.Step, f.Attempts, f.Message, hostRetryAfter)
+		}
+		if why != "" {
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionTrue, ReasonModeInEffect, "registered: "+why)
+		} else {
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionTrue, ReasonModeInEffect,
+				fmt.Sprintf("registered: %d control-plane hosts serving", servingHosts(st)))
+		}
+		if next == 0 || next > hostProbeEvery {
+			next = hostProbeEvery
+		}
+		return next, nil
+	}
+	next, err := r.switchStep(ctx, tcp, in)
+	r.hostsAvailable(tcp)
+	return next, err
+}
+
+// switchStep runs the current phase of a switch and moves to the next one
+// when it is done.
+func (r *TenantControlPlaneReconciler) switchStep(ctx context.Context, tcp *apiary.TenantControlPlane, in modeInputs) (time.Duration, error) {
+	st := &tcp.Status
+	sw := st.ModeSwitch
+	now := r.Now()
+	progress := func(msg string) {
+		r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, sw.Phase,
+			fmt.Sprintf("switching from %s to %s: %s", sw.From, sw.Target, msg))
+	}
+	enter := func(phase string) time.Duration {
+		sw.Phase, sw.PhaseStarted = phase, metav1.NewTime(now)
+		progress("entering " + phase)
+		// Written first; the next reconcile acts on it.
+		return time.Millisecond
+	}
+	// A failed host stops the switch where it is, until its step is tried
+	// again (that attempt is journaled before it runs).
+	if hostPhase := sw.Phase == apiary.SwitchStartingHosts || sw.Phase == apiary.SwitchStoppingHosts; hostPhase && failedHost(st) != nil {
+		next, why, err := r.driveHosts(ctx, tcp, in, false)
+		if err != nil {
+			return 0, err
+		}
+		if f := failedHost(st); f != nil {
+			return r.hostFailed(tcp, f), nil
+		}
+		progress(why)
+		return next, nil
+	}
+	switch sw.Phase {
+	case apiary.SwitchStartingHosts:
+		if why := hostAccessMissing(in.ds); why != "" {
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonHostAccessNotReady,
+				"the switch to registered waits: "+why+"; the control plane keeps running hosted")
+			return 15 * time.Second, r.applySlices(ctx, tcp)
+		}
+		next, why, err := r.driveHosts(ctx, tcp, in, false)
+		if err != nil || next > 0 {
+			if why != "" {
+				progress(why)
+			}
+			return next, err
+		}
+		if servingHosts(st) == 0 {
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonWaitingForControlPlaneHosts,
+				"the switch to registered waits for a joined Host with role control-plane (phase Ready); the control plane keeps running hosted")
+			return 0, nil
+		}
+		if why != "" {
+			progress(why)
+			return hostProbeEvery, nil
+		}
+		return enter(apiary.SwitchHandingOver), nil
+	case apiary.SwitchHandingOver:
+		// The Service no longer selects the pods (reconcileEndpoint): the
+		// endpoint slice controller leaves its slice as it was, so remove
+		// it, and the pods get no new connection.
+		if err := r.deleteControllerSlices(ctx, tcp); err != nil {
+			return 0, err
+		}
+		if left := drainFor - now.Sub(sw.PhaseStarted.Time); left > 0 {
+			progress(fmt.Sprintf("the hosted pods left the Service; draining for %s", left.Round(time.Second)))
+			return left, nil
+		}
+		return enter(apiary.SwitchScalingDown), nil
+	case apiary.SwitchScalingDown:
+		if st.Replicas > 0 {
+			progress(fmt.Sprintf("%d hosted pods still running", st.Replicas))
+			return time.Second, nil
+		}
+		return r.commitMode(tcp), nil
+	case apiary.SwitchScalingUp:
+		if st.ReadyReplicas < *tcp.Spec.Replicas {
+			progress(fmt.Sprintf("%d of %d hosted replicas ready", st.ReadyReplicas, *tcp.Spec.Replicas))
+			// The Deployment's status changes wake this reconcile; the
+			// first look comes before it was scaled.
+			return time.Second, nil
+		}
+		return enter(apiary.SwitchHandingBack), nil
+	case apiary.SwitchHandingBack:
+		ready, err := r.podsInService(ctx, tcp)
+		if err != nil {
+			return 0, err
+		}
+		if ready < st.ReadyReplicas {
+			progress(fmt.Sprintf("%d of %d hosted pods in the Service", ready, st.ReadyReplicas))
+			return 500 * time.Millisecond, nil
+		}
+		return enter(apiary.SwitchStoppingHosts), nil
+	case apiary.SwitchStoppingHosts:
+		next, why, err := r.driveHosts(ctx, tcp, in, false)
+		if err != nil || next > 0 {
+			if why != "" {
+				progress(why)
+			}
+			return next, err
+		}
+		return r.commitMode(tcp), r.applySlices(ctx, tcp)
+	}
+	return 0, fmt.Errorf("status.modeSwitch.phase %q is unknown", sw.Phase)
+}
+
+// commitMode records the target mode in effect.
+func (r *TenantControlPlaneReconciler) commitMode(tcp *apiary.TenantControlPlane) time.Duration {
+	st := &tcp.Status
+	sw := st.ModeSwitch
+	now := metav1.NewTime(r.Now())
+	st.Mode = sw.Target
+	sw.Phase, sw.PhaseStarted, sw.Finished = apiary.SwitchCompleted, now, &now
+	took := now.Sub(sw.Started.Time).Round(100 * time.Millisecond)
+	r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionTrue, ReasonModeInEffect,
+		fmt.Sprintf("switched from %s to %s in %s", sw.From, sw.Target, took))
+	r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "ModeSwitched", "SwitchMode", "switched from %s to %s in %s", sw.From, sw.Target, took)
+	return time.Millisecond
+}
+
+// hostFailed stops the switch where it is (the tenant keeps serving as it
+// does) and says which host and step failed; the step is tried again after
+// hostRetryAfter.
+func (r *TenantControlPlaneReconciler) hostFailed(tcp *apiary.TenantControlPlane, h *apiary.ControlPlaneHostStatus) time.Duration {
+	sw := tcp.Status.ModeSwitch
+	r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonHostStepFailed,
+		fmt.Sprintf("switching from %s to %s stopped in phase %s: Host %s, step %s, attempt %d: %s (tried again every %s; the tenant keeps serving as before)",
+			sw.From, sw.Target, sw.Phase, h.Host, h.Step, h.Attempts, h.Message, hostRetryAfter))
+	left := hostRetryAfter - r.Now().Sub(h.Finished.Time)
+	return max(left, time.Millisecond)
+}
+
+func failedHost(st *apiary.TenantControlPlaneStatus) *apiary.ControlPlaneHostStatus {
+	for i := range st.ControlPlaneHosts {
+		if st.ControlPlaneHosts[i].Result == resultFailed {
+			return &st.ControlPlaneHosts[i]
+		}
+	}
+	return nil
+}
+
+func servingHosts(st *apiary.TenantControlPlaneStatus) int {
+	n := 0
+	for _, h := range st.ControlPlaneHosts {
+		if h.Serving {
+			n++
+		}
+	}
+	return n
+}
+
+// hostsAvailable counts serving hosts into ControlPlaneAvailable.
+func (r *TenantControlPlaneReconciler) hostsAvailable(tcp *apiary.TenantControlPlane) {
+	st := &tcp.Status
+	hostsRunning := 0
+	for _, h := range st.ControlPlaneHosts {
+		if h.Step != apiary.HostStepStop {
+			hostsRunning++
+		}
+	}
+	if hostsRunning == 0 {
+		return
+	}
+	serving := servingHosts(st)
+	msg := fmt.Sprintf("%d of %d control-plane hosts serving, %d hosted replicas ready", serving, hostsRunning, st.ReadyReplicas)
+	if serving > 0 || st.ReadyReplicas > 0 {
+		r.setCondition(tcp, apiary.ConditionControlPlaneAvailable, metav1.ConditionTrue, ReasonReplicasReady, msg)
+	} else {
+		r.setCondition(tcp, apiary.ConditionControlPlaneAvailable, metav1.ConditionFalse, ReasonNoReadyReplicas, msg)
+	}
+}
+
+// hostAccessMissing says why hosts cannot reach the DataStore ("" when
+// they can).
+func hostAccessMissing(ds *apiary.DataStore) string {
+	if len(ds.Status.HostEndpoints) == 0 {
+		return fmt.Sprintf("DataStore %s has no address for hosts (spec.hostAccess)", ds.Name)
+	}
+	if c := meta.FindStatusCondition(ds.Status.Conditions, apiary.ConditionHostAccessReady); c == nil || c.Status != metav1.ConditionTrue {
+		msg := "not reported"
+		if c != nil {
+			msg = c.Message
+		}
+		return fmt.Sprintf("DataStore %s: %s is not True: %s", ds.Name, apiary.ConditionHostAccessReady, msg)
+	}
+	return ""
+}
+
+// wantedHosts are the tenant's Hosts that should run its control plane:
+// joined (phase Ready) with role control-plane, by name.
+func (r *TenantControlPlaneReconciler) wantedHosts(ctx context.Context, tcp *apiary.TenantControlPlane) (map[string]*apiary.Host, error) {
+	var list apiary.HostList
+	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the Hosts of %s: %w", tcp.Namespace, err)
+	}
+	out := map[string]*apiary.Host{}
+	for i := range list.Items {
+		h := &list.Items[i]
+		if h.Spec.TenantControlPlane == tcp.Name && h.Spec.Role == apiary.HostRoleControlPlane &&
+			h.Status.Phase == apiary.HostPhaseReady && h.DeletionTimestamp.IsZero() {
+			out[h.Name] = h
+		}
+	}
+	return out, nil
+}
+
+// driveHosts takes one step on one host towards the wanted set (the
+// control-plane Hosts when the target is registered, none when it is
+// standalone), probes the serving ones and applies the slice. It returns
+// when to look again (0 when every host is where it should be) and what it
+// waits for. keepOne refuses to stop the last serving host (registered
+// mode in effect: nothing else serves).
+func (r *TenantControlPlaneReconciler) driveHosts(ctx context.Context, tcp *apiary.TenantControlPlane, in modeInputs, keepOne bool) (time.Duration, string, error) {
+	st := &tcp.Status
+	target := st.Mode
+	if st.ModeSwitch != nil {
+		target = st.ModeSwitch.Target
+	}
+	wanted := map[string]*apiary.Host{}
+	if target == apiary.ModeRegistered {
+		var err error
+		if wanted, err = r.wantedHosts(ctx, tcp); err != nil {
+			return 0, "", err
+		}
+	}
+	files, manifests, err := r.hostControlPlane(tcp, in)
+	if err != nil {
+		return 0, "", err
+	}
+	configHash := hashFiles(manifests) + "." + hashFiles(files)[:16]
+
+	// Probe what serves: a host that stops answering leaves the slice.
+	for i := range st.ControlPlaneHosts {
+		h := &st.ControlPlaneHosts[i]
+		if h.Step != apiary.HostStepStop && h.Result == resultSucceeded {
+			h.Serving = probeHost(ctx, in.ca, in.ep, h.Address) == nil
+		}
+	}
+
+	next, why, err := r.hostStep(ctx, tcp, in, wanted, files, manifests, configHash, keepOne)
+	if err != nil {
+		return 0, "", err
+	}
+	return next, why, r.applySlices(ctx, tcp)
+}
+
+// hostStep picks the one host step to take now and takes it.
+func (r *TenantControlPlaneReconciler) hostStep(ctx context.Context, tcp *apiary.TenantControlPlane, in modeInputs, wanted map[string]*apiary.Host,
+	files, manifests []render.HostFile, configHash string, keepOne bool) (time.Duration, string, error) {
+	st := &tcp.Status
+	now := r.Now()
+	// A step under way goes on.
+	for i := range st.ControlPlaneHosts {
+		if h := &st.ControlPlaneHosts[i]; h.Result == resultRunning {
+			return r.continueHost(ctx, tcp, in, h, wanted[h.Host], files, manifests, configHash)
+		}
+	}
+	begin := func(h *apiary.ControlPlaneHostStatus, step, address string) (time.Duration, string, error) {
+		if h.Step != step || h.Result == resultSucceeded {
+			h.Attempts = 0
+		}
+		h.Step, h.Result, h.Attempts = step, resultRunning, h.Attempts+1
+		h.Started, h.Finished, h.Message = metav1.NewTime(now), nil, ""
+		h.Address = address
+		if step != apiary.HostStepStart {
+			// Out of the Service before anything changes on the host.
+			h.Serving = false
+		}
+		// The journal is written before the host is touched.
+		return time.Millisecond, fmt.Sprintf("Host %s: %s", h.Host, step), nil
+	}
+	entry := func(name string) *apiary.ControlPlaneHostStatus {
+		for i := range st.ControlPlaneHosts {
+			if st.ControlPlaneHosts[i].Host == name {
+				return &st.ControlPlaneHosts[i]
+			}
+		}
+		st.ControlPlaneHosts = append(st.ControlPlaneHosts, apiary.ControlPlaneHostStatus{Host: name})
+		slices.SortFunc(st.ControlPlaneHosts, func(a, b apiary.ControlPlaneHostStatus) int { return strings.Compare(a.Host, b.Host) })
+		for i := range st.ControlPlaneHosts {
+			if st.ControlPlaneHosts[i].Host == name {
+				return &st.ControlPlaneHosts[i]
+			}
+		}
+		return nil
+	}
+	// A failed step stops everything else until it is tried again.
+	if f := failedHost(st); f != nil {
+		if left := hostRetryAfter - now.Sub(f.Finished.Time); left > 0 {
+			return left, "", nil
+		}
+		address := f.Address
+		if h, ok := wanted[f.Host]; ok {
+			address = h.Spec.Address
+		} else if f.Step != apiary.HostStepStop {
+			// No longer wanted: stop it rather than start it again.
+			return begin(f, apiary.HostStepStop, address)
+		}
+		return begin(f, f.Step, address)
+	}
+	// Hosts to stop: no longer wanted.
+	for i := range st.ControlPlaneHosts {
+		h := &st.ControlPlaneHosts[i]
+		if _, ok := wanted[h.Host]; ok || h.Step == apiary.HostStepStop || h.Step == "" {
+			continue
+		}
+		if keepOne && h.Serving && servingHosts(st) == 1 {
+			return 0, fmt.Sprintf("Host %s is no longer a joined control-plane Host but is the last one serving: it keeps the control plane until another serves", h.Host), nil
+		}
+		return begin(h, apiary.HostStepStop, h.Address)
+	}
+	// Hosts to start or bring up to date, in name order.
+	names := make([]string, 0, len(wanted))
+	for name := range wanted {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		h, address := entry(name), wanted[name].Spec.Address
+		switch {
+		case h.Step == apiary.HostStepStop || h.Step == "":
+			return begin(h, apiary.HostStepStart, address)
+		case h.ConfigHash == configHash && h.Address == address:
+			continue
+		case manifestsOf(h.ConfigHash) == manifestsOf(configHash) && h.Address == address:
+			// Only files changed (the quota policy, which kube-apiserver
+			// reloads): written in place, nothing restarts.
+			if err := r.rewriteFiles(ctx, tcp, h, files, manifests); err != nil {
+				return 0, "", err
+			}
+			h.ConfigHash = configHash
+		default:
+			// Renewed credentials, a new version, a moved host: rewrite,
+			// one host at a time, out of the Service while it restarts.
+			return begin(h, apiary.HostStepUpdate, address)
+		}
+	}
+	for _, h := range st.ControlPlaneHosts {
+		if h.Step != apiary.HostStepStop && !h.Serving {
+			return hostProbeEvery, fmt.Sprintf("Host %s does not answer /readyz: out of the Service until it does", h.Host), nil
+		}
+	}
+	return 0, "", nil
+}
+
+// continueHost carries on with a running step.
+func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *apiary.TenantControlPlane, in modeInputs, h *apiary.ControlPlaneHostStatus, host *apiary.Host,
+	files, manifests []render.HostFile, configHash string) (time.Duration, string, error) {
+	logger := log.FromContext(ctx).WithValues("host", h.Host, "step", h.Step, "attempt", h.Attempts)
+	now := r.Now()
+	fail := func(err error) (time.Duration, string, error) {
+		t := metav1.NewTime(now)
+		h.Result, h.Finished, h.Message = resultFailed, &t, err.Error()
+		logger.Info("control-plane host step failed", "error", err.Error())
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeWarning, "HostStepFailed", "SwitchMode", "Host %s, step %s, attempt %d: %s", h.Host, h.Step, h.Attempts, err.Error())
+		return time.Millisecond, "", nil
+	}
+	succeed := func(msg string) (time.Duration, string, error) {
+		t := metav1.NewTime(now)
+		h.Result, h.Finished, h.Message = resultSucceeded, &t, msg
+		logger.Info("control-plane host step done", "took", now.Sub(h.Started.Time).String())
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "HostStepSucceeded", "SwitchMode", "Host %s, step %s: %s", h.Host, h.Step, msg)
+		return time.Millisecond, "", nil
+	}
+	// Connections drain off a host that left the Service before it
+	// changes.
+	if h.Step != apiary.HostStepStart {
+		if left := drainFor - now.Sub(h.Started.Time); left > 0 {
+			return left, fmt.Sprintf("Host %s left the Service; draining for %s", h.Host, left.Round(time.Second)), nil
+		}
+	}
+	if host == nil && h.Step != apiary.HostStepStop {
+		// No longer wanted mid-start: stop it instead.
+		h.Step, h.Attempts, h.Started = apiary.HostStepStop, 1, metav1.NewTime(now)
+		return drainFor, fmt.Sprintf("Host %s is no longer wanted: stopping it", h.Host), nil
+	}
+	c, err := r.dialHost(ctx, tcp, h.Host)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	if h.Step == apiary.HostStepStop {
+		var mpaths, fpaths []string
+		for _, f := range manifests {
+			mpaths = append(mpaths, f.Path)
+		}
+		for _, f := range files {
+			fpaths = append(fpaths, f.Path)
+		}
+		if err := hosts.RemoveControlPlane(ctx, c, mpaths, fpaths, []string{render.KubeletCAPath}, hostRemoveWait); err != nil {
+			return fail(err)
+		}
+		h.ConfigHash = ""
+		return succeed("static Pods and files removed; no control-plane process left")
+	}
+	written, err := hosts.WriteControlPlane(ctx, c, toHostFiles(files), toHostFiles(manifests))
+	if err != nil {
+		return fail(err)
+	}
+	h.ConfigHash = configHash
+	if written > 0 {
+		// A rewritten manifest restarts its pod: look again once the
+		// kubelet has stopped the old one.
+		h.Message = fmt.Sprintf("%d files written; waiting for kube-apiserver /readyz", written)
+		return 3 * time.Second, fmt.Sprintf("Host %s: control plane written, starting", h.Host), nil
+	}
+	if err := probeHost(ctx, in.ca, in.ep, h.Address); err != nil {
+		if now.Sub(h.Started.Time) > hostStartTimeout {
+			return fail(fmt.Errorf("kube-apiserver on %s did not answer /readyz within %s: %w", h.Address, hostStartTimeout, err))
+		}
+		h.Message = "waiting for kube-apiserver /readyz: " + err.Error()
+		return 2 * time.Second, fmt.Sprintf("Host %s: waiting for its kube-apiserver", h.Host), nil
+	}
+	h.Serving = true
+	return succeed(fmt.Sprintf("kube-apiserver answers /readyz at %s after %s; in the Service", h.Address, now.Sub(h.Started.Time).Round(100*time.Millisecond)))
+}
+
+// hostControlPlane renders what a control-plane host runs, from the same
+// inputs as the Deployment but for the DataStore address hosts use.
+func (r *TenantControlPlaneReconciler) hostControlPlane(tcp *apiary.TenantControlPlane, in modeInputs) (files, manifests []render.HostFile, err error) {
+	return render.StaticPods(render.Inputs{
+		TCP:             tcp,
+		Version:         tcp.Spec.Version,
+		Endpoint:        in.ep,
+		EtcdServers:     in.ds.Status.HostEndpoints,
+		EtcdPrefix:      tcp.Status.DataStore.Prefix,
+		Secrets:         in.cr.data,
+		ImageRepository: r.ImageRepository,
+	}, in.exceeded)
+}
+
+func (r *TenantControlPlaneReconciler) dialHost(ctx context.Context, tcp *apiary.TenantControlPlane, name string) (*hosts.Client, error) {
+	var h apiary.Host
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: tcp.Namespace, Name: name}, &h); err != nil {
+		return nil, fmt.Errorf("reading Host %s: %w", name, err)
+	}
+	target, _, err := hosts.TargetOf(ctx, r.APIReader, &h)
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := hosts.Dial(dctx, target)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to Host %s over SSH: %w", name, err)
+	}
+	return c, nil
+}
+
+// probeHost asks a host's kube-apiserver for /readyz at its own address,
+// verified as the endpoint (its serving certificate names the endpoint).
+func probeHost(ctx context.Context, ca *pki.KeyPair, ep render.Endpoint, address string) error {
+	if ca == nil {
+		return fmt.Errorf("no tenant CA")
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: ep.Host, MinVersion: tls.VersionTLS12},
+	}}
+	defer hc.CloseIdleConnections()
+	url := "https://" + net.JoinHostPort(address, strconv.Itoa(int(ep.Port))) + "/readyz"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// applySlices lists the serving hosts behind the tenant Service (and the
+// ones that started but stopped answering, as not ready), or removes the
+// operator's slices when no host runs the control plane.
+func (r *TenantControlPlaneReconciler) applySlices(ctx context.Context, tcp *apiary.TenantControlPlane) error {
+	var backends []render.Backend
+	for _, h := range tcp.Status.ControlPlaneHosts {
+		if h.Step == apiary.HostStepStop || h.Result == resultRunning && !h.Serving || h.Step == "" {
+			continue
+		}
+		if h.Step == apiary.HostStepStart && h.Result != resultSucceeded {
+			continue
+		}
+		backends = append(backends, render.Backend{Address: h.Address, Ready: h.Serving, Hostname: h.Host})
+	}
+	want := map[string]bool{}
+	for _, s := range render.EndpointSlices(tcp, backends) {
+		want[*s.Name] = true
+		if err := r.Client.Apply(ctx, s, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying EndpointSlice %s: %w", *s.Name, err)
+		}
+	}
+	for _, family := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
+		name := render.EndpointSliceName(tcp, family)
+		if want[name] {
+			continue
+		}
+		s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: tcp.Namespace, Name: name}}
+		if err := r.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting EndpointSlice %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// controllerSlices are the endpoint slice controller's slices of the
+// tenant Service (the hosted pods).
+func (r *TenantControlPlaneReconciler) controllerSlices(ctx context.Context, tcp *apiary.TenantControlPlane) ([]discoveryv1.EndpointSlice, error) {
+	var list discoveryv1.EndpointSliceList
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(tcp.Namespace), client.MatchingLabels{
+		discoveryv1.LabelServiceName: render.ServiceName(tcp),
+		discoveryv1.LabelManagedBy:   endpointSliceController,
+	}); err != nil {
+		return nil, fmt.Errorf("listing the EndpointSlices of Service %s: %w", render.ServiceName(tcp), err)
+	}
+	return list.Items, nil
+}
+
+// deleteControllerSlices removes the pods from a Service that no longer
+// selects them (the endpoint slice controller leaves its slices of a
+// Service without a selector as they were).
+func (r *TenantControlPlaneReconciler) deleteControllerSlices(ctx context.Context, tcp *apiary.TenantControlPlane) error {
+	list, err := r.controllerSlices(ctx, tcp)
+	if err != nil {
+		return err
+	}
+	for i := range list {
+		s := &list[i]
+		if err := r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting EndpointSlice %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// podsInService counts the ready pods the endpoint slice controller lists
+// for the tenant Service.
+func (r *TenantControlPlaneReconciler) podsInService(ctx context.Context, tcp *apiary.TenantControlPlane) (int32, error) {
+	list, err := r.controllerSlices(ctx, tcp)
+	if err != nil {
+		return 0, err
+	}
+	var n int32
+	for _, s := range list {
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready != nil && *e.Conditions.Ready {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// rewriteFiles writes changed files (no manifest) to a serving host.
+func (r *TenantControlPlaneReconciler) rewriteFiles(ctx context.Context, tcp *apiary.TenantControlPlane, h *apiary.ControlPlaneHostStatus, files, manifests []render.HostFile) error {
+	c, err := r.dialHost(ctx, tcp, h.Host)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := hosts.WriteControlPlane(ctx, c, toHostFiles(files), toHostFiles(manifests)); err != nil {
+		return fmt.Errorf("Host %s: %w", h.Host, err)
+	}
+	return nil
+}
+
+// manifestsOf is the manifests' part of a ConfigHash.
+func manifestsOf(configHash string) string {
+	m, _, _ := strings.Cut(configHash, ".")
+	return m
+}
+
+func toHostFiles(fs []render.HostFile) []hosts.File {
+	out := make([]hosts.File, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, hosts.File{Path: f.Path, Data: f.Data})
+	}
+	return out
+}
+
+func hashFiles(fs []render.HostFile) string {
+	h := sha256.New()
+	for _, f := range fs {
+		fmt.Fprintf(h, "%s\x00%d\x00", f.Path, len(f.Data))
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// tenantOfHost maps a Host to its tenant.
+func tenantOfHost(_ context.Context, o client.Object) []reconcile.Request {
+	h, ok := o.(*apiary.Host)
+	if !ok || h.Spec.TenantControlPlane == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}}}
+}
+
+// hostChangesControlPlane passes what changes the wanted control-plane
+// hosts: a Host created or deleted, its role, address or phase.
+func hostChangesControlPlane() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*apiary.Host)
+			n, ok2 := e.ObjectNew.(*apiary.Host)
+			if !ok1 || !ok2 {
+				return false
+			}
+			return o.Spec.Role != n.Spec.Role || o.Spec.Address != n.Spec.Address || o.Status.Phase != n.Status.Phase ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		},
+	}
+}
