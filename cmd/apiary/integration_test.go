@@ -525,3 +525,75 @@ func TestKubeconfig(t *testing.T) {
 		mustContain(t, "stderr", errOut, "forbidden", `verb "list"`, `resource "tenantcontrolplanes.apiary.dev" cluster-wide`)
 	})
 }
+
+func TestSwitch(t *testing.T) {
+	e := environment(t)
+	const ns = "sw"
+	e.namespace(t, ns)
+	kubeconfig := e.writeKubeconfig(t, e.kubeconfig, ns)
+	ctx := context.Background()
+	e.tenant(t, ns, "dev", apiaryv1alpha1.TenantControlPlaneStatus{Conditions: readyConditions(), Phase: apiaryv1alpha1.PhaseReady, Mode: apiaryv1alpha1.ModeStandalone})
+	mode := func() apiaryv1alpha1.Mode {
+		t.Helper()
+		var tcp apiaryv1alpha1.TenantControlPlane
+		if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dev"}, &tcp); err != nil {
+			t.Fatal(err)
+		}
+		return tcp.Spec.Mode
+	}
+
+	t.Run("unknown mode", func(t *testing.T) {
+		code, _, stderr := apiary(t, "--kubeconfig", kubeconfig, "switch", "dev", "hosted", "--yes")
+		if code == 0 || !strings.Contains(stderr, `mode "hosted": use standalone or registered`) {
+			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+	})
+	t.Run("no control-plane Host: refused, nothing changed", func(t *testing.T) {
+		code, stdout, stderr := apiary(t, "--kubeconfig", kubeconfig, "switch", "dev", "registered", "--yes")
+		if code == 0 || !strings.Contains(stdout, "✗ control-plane Hosts: none") || !strings.Contains(stderr, "cannot go through") {
+			t.Errorf("exit %d", code)
+		}
+		if m := mode(); m != apiaryv1alpha1.ModeStandalone {
+			t.Errorf("spec.mode %s after a refused switch", m)
+		}
+	})
+	t.Run("with a joined control-plane Host", func(t *testing.T) {
+		h := &apiaryv1alpha1.Host{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp-1"},
+			Spec: apiaryv1alpha1.HostSpec{TenantControlPlane: "dev", Address: "192.0.2.10", Role: apiaryv1alpha1.HostRoleControlPlane,
+				SSHKeySecretRef: corev1.LocalObjectReference{Name: "key"}, InsecureSkipHostKeyCheck: true},
+		}
+		if err := e.client.Create(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		h.Status.Phase = apiaryv1alpha1.HostPhaseReady
+		if err := e.client.Status().Update(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		code, stdout, _ := apiary(t, "--kubeconfig", kubeconfig, "switch", "dev", "registered", "--yes")
+		if code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		mustContain(t, "stdout", stdout, "standalone → registered", "Host cp-1 (192.0.2.10): joined", "spec.mode set to registered")
+		if m := mode(); m != apiaryv1alpha1.ModeRegistered {
+			t.Errorf("spec.mode %s, want registered", m)
+		}
+		// Again: nothing to do; --wait returns once the operator reports
+		// the mode in effect.
+		var tcp apiaryv1alpha1.TenantControlPlane
+		if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dev"}, &tcp); err != nil {
+			t.Fatal(err)
+		}
+		tcp.Status.Mode = apiaryv1alpha1.ModeRegistered
+		tcp.Status.Conditions = append(tcp.Status.Conditions, metav1.Condition{Type: apiaryv1alpha1.ConditionModeSwitched, Status: metav1.ConditionTrue,
+			Reason: "InEffect", Message: "switched from standalone to registered in 41s", ObservedGeneration: tcp.Generation, LastTransitionTime: metav1.Now()})
+		if err := e.client.Status().Update(ctx, &tcp); err != nil {
+			t.Fatal(err)
+		}
+		code, stdout, _ = apiary(t, "--kubeconfig", kubeconfig, "switch", "dev", "registered", "--wait", "20s")
+		if code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		mustContain(t, "stdout", stdout, "spec.mode is already registered", "InEffect: switched from standalone to registered", "tenantcontrolplane/dev: registered")
+	})
+}

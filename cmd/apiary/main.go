@@ -91,6 +91,7 @@ context, and -n a namespace (default: the context's namespace, else "default").`
 		cli.NewStatusCommand(flags),
 		cli.NewKubeconfigCommand(flags),
 		cli.NewHostCommand(flags),
+		cli.NewSwitchCommand(flags),
 		cli.NewVersionCommand(version),
 		newOperatorCommand(), // cmd/apiary/operator.go
 	)
