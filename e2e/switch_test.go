@@ -1,0 +1,351 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/cli"
+	"github.com/apiaryhq/apiary/e2e/framework"
+	"github.com/apiaryhq/apiary/e2e/sshhost"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/render"
+)
+
+// setHostRole changes a Host's role.
+func (e *env) setHostRole(t *testing.T, name string, role apiary.HostRole) {
+	t.Helper()
+	framework.Eventually(t, "Host "+name+" role "+string(role), 30*time.Second, func() error {
+		var host apiary.Host
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &host); err != nil {
+			return err
+		}
+		host.Spec.Role = role
+		return e.C.Update(e.Ctx, &host)
+	})
+}
+
+// setMode changes a tenant's spec.mode.
+func (e *env) setMode(t *testing.T, name string, mode apiary.Mode) {
+	t.Helper()
+	framework.Eventually(t, name+" spec.mode "+string(mode), 30*time.Second, func() error {
+		tcp := e.TCP(t, name)
+		tcp.Spec.Mode = mode
+		return e.C.Update(e.Ctx, tcp)
+	})
+}
+
+// waitMode waits until mode is in effect and no switch runs.
+func (e *env) waitMode(t *testing.T, name string, mode apiary.Mode, timeout time.Duration) *apiary.TenantControlPlane {
+	t.Helper()
+	var tcp *apiary.TenantControlPlane
+	framework.Eventually(t, name+" in mode "+string(mode), timeout, func() error {
+		tcp = e.TCP(t, name)
+		if tcp.Status.Mode != mode {
+			c := framework.FindCondition(tcp.Status.Conditions, apiary.ConditionModeSwitched)
+			return fmt.Errorf("status.mode %s; ModeSwitched %+v", tcp.Status.Mode, c)
+		}
+		return framework.ConditionIs(tcp.Status.Conditions, apiary.ConditionModeSwitched, metav1.ConditionTrue, "")
+	})
+	return tcp
+}
+
+// writer creates a ConfigMap in the tenant and reads it back every
+// 100 ms, and counts what failed and the longest time without a success.
+type writer struct {
+	cs           kubernetes.Interface
+	ns           string
+	ok, failed   atomic.Int64
+	mu           sync.Mutex
+	lastGood     time.Time
+	longest      time.Duration
+	failures     []string
+	acknowledged []string
+}
+
+func (w *writer) run(ctx context.Context) {
+	w.lastGood = time.Now()
+	for i := 0; ctx.Err() == nil; i++ {
+		name := fmt.Sprintf("w-%05d", i)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := w.cs.CoreV1().ConfigMaps(w.ns).Create(rctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
+		if err == nil {
+			_, err = w.cs.CoreV1().ConfigMaps(w.ns).Get(rctx, name, metav1.GetOptions{})
+		}
+		cancel()
+		now := time.Now()
+		w.mu.Lock()
+		if err == nil {
+			w.ok.Add(1)
+			w.longest = max(w.longest, now.Sub(w.lastGood))
+			w.lastGood = now
+			w.acknowledged = append(w.acknowledged, name)
+		} else if ctx.Err() == nil {
+			w.failed.Add(1)
+			if len(w.failures) < 5 {
+				w.failures = append(w.failures, now.Format("15:04:05.000")+" "+err.Error())
+			}
+		}
+		w.mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// testSwitchBothWays switches the shared tenant alpha from standalone to
+// registered on one joined control-plane Host and back, while a client
+// polls /version and another writes and reads ConfigMaps through the
+// endpoint every 100 ms: no request fails, the endpoint, CA and exported
+// kubeconfig do not change, what was stored before is still there, and
+// afterwards nothing of the control plane is left on the host.
+func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Host, hostName string) {
+	const name = "alpha"
+	ns := framework.TenantsNS
+	before := e.TCP(t, name)
+	kcBefore := e.ExportKubeconfig(t, name)
+	kubeconfigBefore := readFile(t, kcBefore)
+	caBefore := tenantSecret(t, e, before, render.SecretCA)[render.KeyTLSCert]
+	framework.Kubectl(t, kcBefore, "create", "namespace", "switch-e2e")
+	framework.Kubectl(t, kcBefore, "-n", "switch-e2e", "create", "configmap", "before-switch", "--from-literal=k=v")
+	t.Cleanup(func() { _, _ = framework.KubectlErr(kcBefore, "delete", "namespace", "switch-e2e", "--wait=false") })
+
+	e.setHostRole(t, hostName, apiary.HostRoleControlPlane)
+	e.testSwitchCheckOnly(t, d, h, hostName)
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			e.setMode(t, name, apiary.ModeStandalone)
+			e.waitMode(t, name, apiary.ModeStandalone, 6*time.Minute)
+			e.setHostRole(t, hostName, apiary.HostRoleWorker)
+		}
+	})
+
+	p := e.newPoller(t, name)
+	cfg, err := clientcmd.BuildConfigFromFlags("", kcBefore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS, cfg.Burst = 100, 100
+	w := &writer{cs: kubernetes.NewForConfigOrDie(cfg), ns: "switch-e2e"}
+	ctx, cancel := context.WithCancel(e.Ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); p.run(ctx) }()
+	go func() { defer wg.Done(); w.run(ctx) }()
+	stopClients := func() {
+		cancel()
+		wg.Wait()
+	}
+	defer stopClients()
+
+	// standalone → registered.
+	start := time.Now()
+	e.setMode(t, name, apiary.ModeRegistered)
+	reg := e.waitMode(t, name, apiary.ModeRegistered, 8*time.Minute)
+	toRegistered := time.Since(start)
+	if len(reg.Status.ControlPlaneHosts) != 1 || reg.Status.ControlPlaneHosts[0].Host != hostName ||
+		reg.Status.ControlPlaneHosts[0].Step != apiary.HostStepStart || !reg.Status.ControlPlaneHosts[0].Serving {
+		t.Errorf("status.controlPlaneHosts %+v, want %s started and serving", reg.Status.ControlPlaneHosts, hostName)
+	}
+	if sw := reg.Status.ModeSwitch; sw == nil || sw.From != apiary.ModeStandalone || sw.Target != apiary.ModeRegistered || sw.Phase != apiary.SwitchCompleted {
+		t.Errorf("status.modeSwitch %+v", sw)
+	}
+	// No control-plane pod in the management cluster; the host serves
+	// behind the Service, which selects nothing.
+	framework.Eventually(t, "no hosted control-plane pod", time.Minute, func() error {
+		var pods corev1.PodList
+		if err := e.C.List(e.Ctx, &pods, client.InNamespace(ns), client.MatchingLabels(render.SelectorLabels(reg))); err != nil {
+			return err
+		}
+		if len(pods.Items) > 0 {
+			return fmt.Errorf("%d pods", len(pods.Items))
+		}
+		return nil
+	})
+	var dep appsv1.Deployment
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.DeploymentName(reg)}, &dep); err != nil || *dep.Spec.Replicas != 0 {
+		t.Errorf("Deployment %v: replicas %v, want 0", err, dep.Spec.Replicas)
+	}
+	var svc corev1.Service
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: render.ServiceName(reg)}, &svc); err != nil || len(svc.Spec.Selector) != 0 {
+		t.Errorf("Service %v: selector %v, want none", err, svc.Spec.Selector)
+	}
+	var slices discoveryv1.EndpointSliceList
+	if err := e.C.List(e.Ctx, &slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: render.ServiceName(reg)}); err != nil {
+		t.Fatal(err)
+	}
+	var backends []string
+	for _, s := range slices.Items {
+		for _, ep := range s.Endpoints {
+			backends = append(backends, fmt.Sprintf("%s:%s:%v", s.Labels[discoveryv1.LabelManagedBy], strings.Join(ep.Addresses, ","), *ep.Conditions.Ready))
+		}
+	}
+	if want := render.EndpointSliceManager + ":" + h.Address + ":true"; len(backends) != 1 || backends[0] != want {
+		t.Errorf("the Service's backends %v, want only %s", backends, want)
+	}
+	// The tenant sees its control plane as mirror Pods of the host's Node.
+	framework.Eventually(t, "mirror Pods of the control plane", 2*time.Minute, func() error {
+		out, err := framework.KubectlErr(kcBefore, "-n", "kube-system", "get", "pods", "-l", "tier=control-plane", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if !strings.Contains(out, comp+"-") {
+				return fmt.Errorf("no mirror Pod of %s: %s", comp, out)
+			}
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second)
+
+	// registered → standalone.
+	start = time.Now()
+	e.setMode(t, name, apiary.ModeStandalone)
+	back := e.waitMode(t, name, apiary.ModeStandalone, 8*time.Minute)
+	toStandalone := time.Since(start)
+	time.Sleep(3 * time.Second)
+	stopClients()
+
+	if back.Status.ControlPlaneHosts[0].Step != apiary.HostStepStop || back.Status.ControlPlaneHosts[0].Result != "Succeeded" {
+		t.Errorf("status.controlPlaneHosts %+v, want %s stopped", back.Status.ControlPlaneHosts, hostName)
+	}
+	// Nothing of the control plane on the host.
+	out, _ := d.Exec(e.Ctx, h.Name, "sh", "-c", "pgrep -l -x 'kube-apiserver|kube-controller|kube-scheduler|proxy-server'; ls /etc/kubernetes/manifests")
+	if strings.Contains(out, "kube-") || strings.Contains(out, "proxy-server") || strings.Contains(out, ".yaml") {
+		t.Errorf("after the switch back the host has:\n%s", out)
+	}
+	if err := e.C.List(e.Ctx, &slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelManagedBy: render.EndpointSliceManager}); err != nil || len(slices.Items) != 0 {
+		t.Errorf("the operator's EndpointSlices left: %d (%v)", len(slices.Items), err)
+	}
+	// The same tenant to its clients.
+	if back.Status.Endpoint != before.Status.Endpoint {
+		t.Errorf("endpoint %s, was %s", back.Status.Endpoint, before.Status.Endpoint)
+	}
+	if !bytes.Equal(tenantSecret(t, e, back, render.SecretCA)[render.KeyTLSCert], caBefore) {
+		t.Error("the tenant CA changed")
+	}
+	if !bytes.Equal(readFile(t, e.ExportKubeconfig(t, name)), kubeconfigBefore) {
+		t.Error("the exported kubeconfig changed")
+	}
+	framework.Kubectl(t, kcBefore, "-n", "switch-e2e", "get", "configmap", "before-switch")
+	// Every acknowledged write is there.
+	cms, err := w.cs.CoreV1().ConfigMaps("switch-e2e").List(e.Ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, cm := range cms.Items {
+		have[cm.Name] = true
+	}
+	lost := 0
+	for _, n := range w.acknowledged {
+		if !have[n] {
+			lost++
+		}
+	}
+	t.Logf("FIGURE switch standalone→registered (1 control-plane host) in %s, registered→standalone in %s; /version every 100 ms: %d OK, %d failed, longest outage %s; ConfigMap write+read every 100 ms: %d OK, %d failed, %d acknowledged writes lost, longest gap between successes %s",
+		toRegistered.Round(100*time.Millisecond), toStandalone.Round(100*time.Millisecond), p.ok.Load(), p.failed.Load(), p.longest, w.ok.Load(), w.failed.Load(), lost, w.longest.Round(time.Millisecond))
+	if p.failed.Load() > 0 || w.failed.Load() > 0 || lost > 0 {
+		t.Errorf("requests failed during the switches: /version %v; writes %v; %d writes lost", p.failures, w.failures, lost)
+	}
+	if p.ok.Load() < 50 || w.ok.Load() < 50 {
+		t.Errorf("too few requests to tell: %d, %d", p.ok.Load(), w.ok.Load())
+	}
+
+	e.setHostRole(t, hostName, apiary.HostRoleWorker)
+	restored = true
+	if _, err := framework.KubectlErr(kcBefore, "get", "node", hostName); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("the host's Node after the switches: %v", err)
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// switchCLI runs "apiary switch" as a user would, returning its output and
+// error.
+func (e *env) switchCLI(args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	cmd := cli.NewSwitchCommand(&cli.ConfigFlags{Kubeconfig: e.Kubeconfig, Namespace: framework.TenantsNS})
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetIn(strings.NewReader(""))
+	err := cmd.ExecuteContext(e.Ctx)
+	return out.String() + errOut.String(), err
+}
+
+// testSwitchCheckOnly: "apiary switch --check-only" with the joined
+// control-plane host and two control-plane Hosts that cannot be used (one
+// at a blackholed address, one refusing the tenant's SSH key) names both,
+// fails, passes every check of the good one, and changes nothing.
+func (e *env) testSwitchCheckOnly(t *testing.T, d *sshhost.Docker, h *sshhost.Host, hostName string) {
+	bad := []string{"unreachable", "wrong-ssh-key"}
+	for _, name := range bad {
+		e.setHostRole(t, name, apiary.HostRoleControlPlane)
+	}
+	defer func() {
+		for _, name := range bad {
+			e.setHostRole(t, name, apiary.HostRoleWorker)
+		}
+	}()
+	before := e.TCP(t, "alpha")
+	files := func() string {
+		out, err := d.Exec(e.Ctx, h.Name, "sh", "-c", "ls -la /etc/kubernetes /etc/kubernetes/manifests /etc/kubernetes/pki; pgrep -l -x 'kube-apiserver|proxy-server'")
+		if err != nil && !strings.Contains(out, "manifests") {
+			t.Fatalf("listing the host: %v: %s", err, out)
+		}
+		return out
+	}
+	filesBefore := files()
+	start := time.Now()
+	out, err := e.switchCLI("alpha", "registered", "--check-only")
+	took := time.Since(start)
+	t.Logf("apiary switch alpha registered --check-only (%s):\n%s", took.Round(time.Millisecond), out)
+	if err == nil {
+		t.Error("--check-only passed with two unusable control-plane Hosts")
+	}
+	for _, want := range []string{
+		"✗ Host unreachable (", "✗ Host wrong-ssh-key (",
+		"✓ Host " + hostName + " (" + h.Address + "): SSH with the pinned host key",
+		"✓ Host " + hostName + " (" + h.Address + "): control-plane ports free",
+		"✓ Host " + hostName + " (" + h.Address + "): reaches the DataStore with the tenant's etcd certificate",
+		"✓ Host " + hostName + " (" + h.Address + "): reaches the tenant endpoint with the tenant's credentials",
+		"✓ tenant alpha: spec.mode registered accepted (server-side dry run)",
+		"nothing was changed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--check-only output lacks %q", want)
+		}
+	}
+	after := e.TCP(t, "alpha")
+	if after.Generation != before.Generation || after.Spec.Mode != before.Spec.Mode {
+		t.Errorf("--check-only changed the tenant: generation %d → %d, spec.mode %s → %s", before.Generation, after.Generation, before.Spec.Mode, after.Spec.Mode)
+	}
+	if got := files(); got != filesBefore {
+		t.Errorf("--check-only changed the host:\nbefore:\n%s\nafter:\n%s", filesBefore, got)
+	}
+	t.Logf("FIGURE switch --check-only over 3 control-plane Hosts (1 usable) in %s", took.Round(time.Millisecond))
+}
