@@ -42,6 +42,30 @@ func (e *env) setHostRole(t *testing.T, name string, role apiary.HostRole) {
 	})
 }
 
+// waitHostAdmitted waits until a control-plane Host has joined again
+// after its role changed (the agent re-runs its join) and the DataStore's
+// NetworkPolicy admits its address.
+func (e *env) waitHostAdmitted(t *testing.T, name, address string) {
+	t.Helper()
+	framework.Eventually(t, "Host "+name+" joined and admitted to the DataStore", 3*time.Minute, func() error {
+		var host apiary.Host
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &host); err != nil {
+			return err
+		}
+		if host.Status.Phase != apiary.HostPhaseReady {
+			return fmt.Errorf("phase %s", host.Status.Phase)
+		}
+		var ds apiary.DataStore
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "default"}, &ds); err != nil {
+			return err
+		}
+		if c := framework.FindCondition(ds.Status.Conditions, apiary.ConditionHostAccessReady); !strings.Contains(c.Message, address+"/32") {
+			return fmt.Errorf("DataStore HostAccessReady: %+v", c)
+		}
+		return nil
+	})
+}
+
 // setMode changes a tenant's spec.mode.
 func (e *env) setMode(t *testing.T, name string, mode apiary.Mode) {
 	t.Helper()
@@ -126,6 +150,7 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 	t.Cleanup(func() { _, _ = framework.KubectlErr(kcBefore, "delete", "namespace", "switch-e2e", "--wait=false") })
 
 	e.setHostRole(t, hostName, apiary.HostRoleControlPlane)
+	e.waitHostAdmitted(t, hostName, h.Address)
 	e.testSwitchCheckOnly(t, d, h, hostName)
 	restored := false
 	t.Cleanup(func() {
@@ -289,6 +314,7 @@ func readFile(t *testing.T, path string) []byte {
 func (e *env) switchCLI(args ...string) (string, error) {
 	var out, errOut bytes.Buffer
 	cmd := cli.NewSwitchCommand(&cli.ConfigFlags{Kubeconfig: e.Kubeconfig, Namespace: framework.TenantsNS})
+	cmd.SilenceUsage = true
 	cmd.SetArgs(args)
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)

@@ -23,7 +23,7 @@ import (
 const (
 	// EndpointSliceManager is the value of endpointslice.kubernetes.io/managed-by
 	// on the operator's slices.
-	EndpointSliceManager = "apiary.dev/operator"
+	EndpointSliceManager = "operator.apiary.dev"
 )
 
 // Backend is one address behind the tenant Service.

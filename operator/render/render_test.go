@@ -1,6 +1,8 @@
 package render
 
 import (
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"reflect"
 	"slices"
 	"strings"
@@ -331,6 +333,13 @@ func TestEndpointSlicesGolden(t *testing.T) {
 	}
 	golden.YAML(t, "endpointslice-ipv4", slices[0])
 	golden.YAML(t, "endpointslice-ipv6", slices[1])
+	// The API server refuses a label value with a '/' (found on a real
+	// cluster: the first managed-by value was apiary.dev/operator).
+	for _, s := range slices {
+		if errs := metav1validation.ValidateLabels(s.Labels, field.NewPath("metadata", "labels")); len(errs) > 0 {
+			t.Errorf("slice labels: %v", errs.ToAggregate())
+		}
+	}
 	if len(EndpointSlices(tcp, nil)) != 0 {
 		t.Error("a slice without backends")
 	}
