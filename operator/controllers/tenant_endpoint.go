@@ -19,10 +19,6 @@ import (
 func (r *TenantControlPlaneReconciler) reconcileEndpoint(ctx context.Context, tcp *apiary.TenantControlPlane) (ep render.Endpoint, ok bool, err error) {
 	st := &tcp.Status
 	svc := render.Service(tcp)
-	if !selectsPods(st) {
-		// The operator's EndpointSlice lists the hosts.
-		svc = render.ServiceWithoutSelector(tcp)
-	}
 	if err := r.Client.Apply(ctx, svc, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return ep, false, fmt.Errorf("applying Service: %w", err)
 	}

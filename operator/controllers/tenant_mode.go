@@ -36,18 +36,26 @@ import (
 //
 //	to registered: StartingHosts (each control-plane Host gets the static
 //	Pods; once its kube-apiserver answers /readyz it joins the tenant
-//	Service through the operator's EndpointSlice) → HandingOver (the
-//	Service stops selecting the hosted pods, which drain) → ScalingDown
-//	(the Deployment goes to 0) → status.mode registered.
+//	Service through the operator's EndpointSlice) → ScalingDown (the
+//	Deployment goes to 0: each pod leaves the Service as it terminates and
+//	serves for --shutdown-delay-duration meanwhile, as in any scale-down)
+//	→ status.mode registered.
 //
 //	to standalone: ScalingUp (the Deployment comes back, every replica
-//	ready) → HandingBack (the Service selects the pods again, and the
-//	endpoint slice controller lists them) → StoppingHosts (each host leaves
+//	ready) → HandingBack (the endpoint slice controller lists every ready
+//	pod behind the Service) → StoppingHosts (each host leaves
 //	the slice, drains, and its static Pods and files are removed) →
 //	status.mode standalone.
 //
 // At every moment at least one ready API server is behind the tenant's
-// address, so a client sees no failed request. A changed spec.mode
+// address, so a client sees no failed request. The Service keeps its
+// selector throughout: kube-proxy merges the endpoint slice controller's
+// slice (the hosted pods, none in registered mode) with the operator's
+// (the hosts). Removing the selector instead would leave the pods behind
+// it: neither the endpoint slice controller nor the Endpoints controller
+// cleans up after a Service that loses its selector, and the mirroring
+// controller keeps the old Endpoints' pods as ready backends (found on a
+// real cluster: 167 refused requests once the pods were gone). A changed spec.mode
 // mid-switch starts the other direction from where things are; a restarted
 // operator continues from the journal, and every step is idempotent.
 
@@ -112,16 +120,6 @@ func hostsOnly(st *apiary.TenantControlPlaneStatus) bool {
 		return p == apiary.SwitchScalingDown
 	}
 	return st.Mode == apiary.ModeRegistered
-}
-
-// selectsPods: the tenant Service selects the hosted pods. It does not once
-// they are being handed over, and in registered mode.
-func selectsPods(st *apiary.TenantControlPlaneStatus) bool {
-	if switching(st) {
-		p := st.ModeSwitch.Phase
-		return p != apiary.SwitchHandingOver && p != apiary.SwitchScalingDown
-	}
-	return st.Mode != apiary.ModeRegistered
 }
 
 // firstPhase is where a switch to target starts.
@@ -241,18 +239,6 @@ func (r *TenantControlPlaneReconciler) switchStep(ctx context.Context, tcp *apia
 		if why != "" {
 			progress(why)
 			return hostProbeEvery, nil
-		}
-		return enter(apiary.SwitchHandingOver), nil
-	case apiary.SwitchHandingOver:
-		// The Service no longer selects the pods (reconcileEndpoint): the
-		// endpoint slice controller leaves its slice as it was, so remove
-		// it, and the pods get no new connection.
-		if err := r.deleteControllerSlices(ctx, tcp); err != nil {
-			return 0, err
-		}
-		if left := drainFor - now.Sub(sw.PhaseStarted.Time); left > 0 {
-			progress(fmt.Sprintf("the hosted pods left the Service; draining for %s", left.Round(time.Second)))
-			return left, nil
 		}
 		return enter(apiary.SwitchScalingDown), nil
 	case apiary.SwitchScalingDown:
@@ -708,23 +694,6 @@ func (r *TenantControlPlaneReconciler) controllerSlices(ctx context.Context, tcp
 		return nil, fmt.Errorf("listing the EndpointSlices of Service %s: %w", render.ServiceName(tcp), err)
 	}
 	return list.Items, nil
-}
-
-// deleteControllerSlices removes the pods from a Service that no longer
-// selects them (the endpoint slice controller leaves its slices of a
-// Service without a selector as they were).
-func (r *TenantControlPlaneReconciler) deleteControllerSlices(ctx context.Context, tcp *apiary.TenantControlPlane) error {
-	list, err := r.controllerSlices(ctx, tcp)
-	if err != nil {
-		return err
-	}
-	for i := range list {
-		s := &list[i]
-		if err := r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting EndpointSlice %s: %w", s.Name, err)
-		}
-	}
-	return nil
 }
 
 // podsInService counts the ready pods the endpoint slice controller lists

@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	discoveryv1ac "k8s.io/client-go/applyconfigurations/discovery/v1"
 
 	"github.com/apiaryhq/apiary/konnectivity"
@@ -15,11 +14,10 @@ import (
 )
 
 // In registered mode, and while a switch hands the tenant's address from
-// pods to hosts or back, the tenant Service selects nothing and its
-// backends are listed in an EndpointSlice the operator owns: the hosts'
-// addresses (ports on the hosts' network) and, during a switch, the
-// hosted pods'. The endpoint slice controller leaves a slice of another
-// manager alone.
+// pods to hosts or back, the hosts serving the tenant's control plane are
+// listed in an EndpointSlice the operator owns (ports on the hosts'
+// network). kube-proxy merges it with the endpoint slice controller's
+// slice of the hosted pods, which leaves a slice of another manager alone.
 const (
 	// EndpointSliceManager is the value of endpointslice.kubernetes.io/managed-by
 	// on the operator's slices.
@@ -39,16 +37,6 @@ type Backend struct {
 // EndpointSliceName is the name of the operator's slice of an IP family.
 func EndpointSliceName(tcp *apiary.TenantControlPlane, family discoveryv1.AddressType) string {
 	return tcp.Name + "-apiary-" + strings.ToLower(string(family))
-}
-
-// ServiceWithoutSelector is the tenant Service when the operator lists its
-// backends itself: the same ports and address, no selector. The endpoint
-// slice controller then keeps its hands off, but it also leaves the slice
-// it made before as it was: the operator removes that one.
-func ServiceWithoutSelector(tcp *apiary.TenantControlPlane) *corev1ac.ServiceApplyConfiguration {
-	svc := Service(tcp)
-	svc.Spec.Selector = nil
-	return svc
 }
 
 // EndpointSlices list the backends of the tenant Service, one slice per IP

@@ -343,9 +343,6 @@ func TestEndpointSlicesGolden(t *testing.T) {
 	if len(EndpointSlices(tcp, nil)) != 0 {
 		t.Error("a slice without backends")
 	}
-	if svc := ServiceWithoutSelector(tcp); svc.Spec.Selector != nil || len(svc.Spec.Ports) != len(Service(tcp).Spec.Ports) {
-		t.Errorf("Service without selector: selector %v, ports %d", svc.Spec.Selector, len(svc.Spec.Ports))
-	}
 }
 
 // In registered mode the Deployment keeps its template at 0 replicas: the

@@ -231,10 +231,9 @@ const (
 	// plane is written to each control-plane Host and, once its
 	// kube-apiserver answers /readyz, the host joins the tenant Service.
 	SwitchStartingHosts = "StartingHosts"
-	// SwitchHandingOver (to registered): the hosted pods have left the
-	// tenant Service; in-flight requests drain.
-	SwitchHandingOver = "HandingOver"
-	// SwitchScalingDown (to registered): the Deployment scales to zero.
+	// SwitchScalingDown (to registered): the Deployment scales to zero;
+	// each pod leaves the Service as it terminates, and serves what it
+	// already has meanwhile.
 	SwitchScalingDown = "ScalingDown"
 	// SwitchScalingUp (to standalone): the Deployment comes back and
 	// waits until every replica is ready.
@@ -257,8 +256,7 @@ type ModeSwitchStatus struct {
 	From Mode `json:"from"`
 	// Started is when the switch began.
 	Started metav1.Time `json:"started"`
-	// Phase is where the switch is (StartingHosts, HandingOver,
-	// ScalingDown; ScalingUp, HandingBack, StoppingHosts; Completed).
+	// Phase is where the switch is (StartingHosts, ScalingDown; ScalingUp, HandingBack, StoppingHosts; Completed).
 	Phase string `json:"phase"`
 	// PhaseStarted is when the phase began.
 	PhaseStarted metav1.Time `json:"phaseStarted"`
