@@ -30,18 +30,7 @@ const joins = 5
 // once, as a user does).
 func BenchmarkHostJoin(b *testing.B) {
 	e := framework.Setup(b)
-	d, err := sshhost.EnsureDocker(e.Ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = d.Stop(e.Ctx) })
-	image, err := d.EnsureImage(e.Ctx, b.Logf)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := d.EnsureNetwork(e.Ctx, "apiary-bench-hosts", "172.31.251.0/24"); err != nil {
-		b.Fatal(err)
-	}
+	d, image := hostDocker(b, e, "apiary-bench-hosts", "172.31.251.0/24")
 	e.CreateTenant(b, "bench-hosts", nil)
 	kc := e.ExportKubeconfig(b, "bench-hosts")
 	framework.Kubectl(b, kc, "apply", "-f", "../../hack/cni/kube-router.yaml")
@@ -145,4 +134,22 @@ func BenchmarkHostJoin(b *testing.B) {
 		p50(func(s sample) time.Duration { return s.ready }).Round(10*time.Millisecond))
 	b.ReportMetric(p50(func(s sample) time.Duration { return s.total }).Seconds(), "s-to-ready-p50")
 	b.ReportMetric(p50(func(s sample) time.Duration { return s.registered }).Seconds(), "s-to-node-p50")
+}
+
+// hostDocker starts the test hosts' Docker daemon, builds their image and
+// makes their network.
+func hostDocker(b *testing.B, e *framework.Env, network, cidr string) (*sshhost.Docker, string) {
+	d, err := sshhost.EnsureDocker(e.Ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = d.Stop(e.Ctx) })
+	image, err := d.EnsureImage(e.Ctx, b.Logf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.EnsureNetwork(e.Ctx, network, cidr); err != nil {
+		b.Fatal(err)
+	}
+	return d, image
 }

@@ -1,0 +1,202 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/e2e/framework"
+	"github.com/apiaryhq/apiary/e2e/sshhost"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+const switchRounds = 3
+
+// BenchmarkModeSwitch measures a tenant's switch standalone → registered
+// and back with 1 and then 2 control-plane hosts, switchRounds times each,
+// while a client sends GET /version through the endpoint every 100 ms on a
+// new connection: each switch's duration (spec.mode set → ModeSwitched True
+// with the mode in effect), the longest time without a successful request,
+// failed requests, and per host the start step (files written → its
+// kube-apiserver answering /readyz, from the journal).
+func BenchmarkModeSwitch(b *testing.B) {
+	e := framework.Setup(b)
+	d, image := hostDocker(b, e, "apiary-bench-switch", "172.31.252.0/24")
+	const tenant = "bench-switch"
+	e.CreateTenant(b, tenant, nil)
+	kc := e.ExportKubeconfig(b, tenant)
+	framework.Kubectl(b, kc, "apply", "-f", "../../hack/cni/kube-router.yaml")
+
+	// Two joined hosts, both control-plane; the first round uses one.
+	var names []string
+	for i := range 2 {
+		name := fmt.Sprintf("bench-cp-%d", i)
+		h, err := d.StartHost(e.Ctx, sshhost.HostOptions{Name: name, Network: "apiary-bench-switch", Image: image, RegistryMirror: "http://" + e.RegistryAtNode()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = d.RemoveHost(context.Background(), name) })
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: framework.TenantsNS, Name: name + "-key"}, Type: corev1.SecretTypeSSHAuth,
+			Data: map[string][]byte{corev1.SSHAuthPrivateKey: h.PrivateKeyPEM}}
+		if err := e.C.Create(e.Ctx, sec); err != nil {
+			b.Fatal(err)
+		}
+		role := apiary.HostRoleControlPlane
+		if i > 0 {
+			role = apiary.HostRoleWorker
+		}
+		host := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: framework.TenantsNS, Name: name}, Spec: apiary.HostSpec{
+			TenantControlPlane: tenant, Address: h.Address, SSHKeySecretRef: corev1.LocalObjectReference{Name: sec.Name}, HostKey: h.HostKeyAuthorized, Role: role,
+		}}
+		if err := e.C.Create(e.Ctx, host); err != nil {
+			b.Fatal(err)
+		}
+		names = append(names, name)
+	}
+	waitHosts := func() {
+		framework.Eventually(b, "hosts joined", 5*time.Minute, func() error {
+			for _, n := range names {
+				var h apiary.Host
+				if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: n}, &h); err != nil {
+					return err
+				}
+				if h.Status.Phase != apiary.HostPhaseReady {
+					return fmt.Errorf("%s phase %s", n, h.Status.Phase)
+				}
+			}
+			return nil
+		})
+	}
+	waitHosts()
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tlsCfg, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
+
+	type result struct {
+		took, gap time.Duration
+		failed    int
+		hostStart []time.Duration
+	}
+	switchTo := func(mode apiary.Mode) result {
+		ctx, cancel := context.WithCancel(e.Ctx)
+		var mu sync.Mutex
+		var r result
+		last := time.Now()
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				resp, err := hc.Get(cfg.Host + "/version")
+				now := time.Now()
+				mu.Lock()
+				if err == nil && resp.StatusCode == http.StatusOK {
+					r.gap = max(r.gap, now.Sub(last))
+					last = now
+				} else if ctx.Err() == nil {
+					r.failed++
+				}
+				mu.Unlock()
+				if resp != nil {
+					resp.Body.Close()
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		start := time.Now()
+		framework.Eventually(b, "spec.mode "+string(mode), 30*time.Second, func() error {
+			var tcp apiary.TenantControlPlane
+			if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: tenant}, &tcp); err != nil {
+				return err
+			}
+			tcp.Spec.Mode = mode
+			return e.C.Update(e.Ctx, &tcp)
+		})
+		var tcp apiary.TenantControlPlane
+		framework.Eventually(b, tenant+" in mode "+string(mode), 10*time.Minute, func() error {
+			if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: tenant}, &tcp); err != nil {
+				return err
+			}
+			if tcp.Status.Mode != mode {
+				return fmt.Errorf("status.mode %s", tcp.Status.Mode)
+			}
+			return framework.ConditionIs(tcp.Status.Conditions, apiary.ConditionModeSwitched, metav1.ConditionTrue, "")
+		})
+		r.took = time.Since(start)
+		time.Sleep(2 * time.Second)
+		cancel()
+		wg.Wait()
+		for _, h := range tcp.Status.ControlPlaneHosts {
+			if mode == apiary.ModeRegistered && h.Step == apiary.HostStepStart && h.Finished != nil && !h.Started.Before(&metav1.Time{Time: start.Add(-time.Second)}) {
+				r.hostStart = append(r.hostStart, h.Finished.Sub(h.Started.Time))
+			}
+		}
+		return r
+	}
+
+	for n := 1; n <= 2; n++ {
+		if n == 2 {
+			framework.Eventually(b, names[1]+" control-plane", 30*time.Second, func() error {
+				var h apiary.Host
+				if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: names[1]}, &h); err != nil {
+					return err
+				}
+				h.Spec.Role = apiary.HostRoleControlPlane
+				return e.C.Update(e.Ctx, &h)
+			})
+			time.Sleep(2 * time.Second)
+			waitHosts()
+		}
+		var to, back, gaps []time.Duration
+		var starts []time.Duration
+		failed := 0
+		for range switchRounds {
+			r := switchTo(apiary.ModeRegistered)
+			to, gaps, starts, failed = append(to, r.took), append(gaps, r.gap), append(starts, r.hostStart...), failed+r.failed
+			r = switchTo(apiary.ModeStandalone)
+			back, gaps, failed = append(back, r.took), append(gaps, r.gap), failed+r.failed
+		}
+		b.Logf("%d control-plane host(s), %d rounds: standalone→registered p50 %s (all %s); registered→standalone p50 %s (all %s); "+
+			"per host start (write → /readyz) p50 %s (all %s); longest gap between successful GET /version (every 100 ms) %s (all %s); failed requests %d",
+			n, switchRounds, p50d(to), list(to), p50d(back), list(back), p50d(starts), list(starts), slices.Max(gaps).Round(10*time.Millisecond), list(gaps), failed)
+		b.ReportMetric(p50d(to).Seconds(), fmt.Sprintf("s-to-registered-%dhost-p50", n))
+		b.ReportMetric(p50d(back).Seconds(), fmt.Sprintf("s-to-standalone-%dhost-p50", n))
+	}
+}
+
+func p50d(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func list(v []time.Duration) string {
+	var out []string
+	for _, d := range v {
+		out = append(out, d.Round(100*time.Millisecond).String())
+	}
+	return strings.Join(out, " ")
+}
