@@ -64,6 +64,7 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 	r.statuses.forget(orig.UID)
 	r.usages.stop(orig.UID)
 	r.nudged.forget(orig.UID)
+	r.slices.forget(orig.UID)
 	r.forgetTenant(orig.UID)
 	logger.Info("tenant removed", "dataStore", tcp.Status.DataStore.Name, "prefix", tcp.Status.DataStore.Prefix)
 	return ctrl.Result{}, nil

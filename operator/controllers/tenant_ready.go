@@ -100,24 +100,34 @@ func (r *TenantControlPlaneReconciler) backoff(tcp *apiary.TenantControlPlane, c
 }
 
 func probeAPI(ctx context.Context, ca *pki.KeyPair, ep render.Endpoint) error {
+	return getReadyz(ctx, ca, "", ep.URL())
+}
+
+// getReadyz asks base+"/readyz" for 200, trusting only the tenant CA;
+// serverName, when set, is the name the certificate must carry (a host
+// probed at its own address serves the endpoint's certificate).
+func getReadyz(ctx context.Context, ca *pki.KeyPair, serverName, base string) error {
+	if ca == nil {
+		return fmt.Errorf("no tenant CA")
+	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
 	hc := &http.Client{
 		Timeout:   2 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}},
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}},
 	}
 	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.URL()+"/readyz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
 	if err != nil {
 		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s/readyz: %w", ep.URL(), err)
+		return fmt.Errorf("GET %s/readyz: %w", base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s/readyz: %s", ep.URL(), resp.Status)
+		return fmt.Errorf("GET %s/readyz: %s", base, resp.Status)
 	}
 	return nil
 }

@@ -114,6 +114,9 @@ type TenantControlPlaneReconciler struct {
 	usages       usages
 	// nudged is the quota policy each tenant's pods were last told of.
 	nudged byUID[string]
+	// slices are the host backends last applied to each tenant's
+	// EndpointSlices.
+	slices byUID[appliedSlices]
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=tenantcontrolplanes,verbs=get;list;watch;update;patch
@@ -209,7 +212,8 @@ func (r *TenantControlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.R
 	tcp := orig.DeepCopy()
 	// The status as last written, even if the cache has not caught up:
 	// the mode switch's journal must never step back.
-	tcp.Status = *new(r.statuses.base(orig.UID, orig.ResourceVersion, orig.Status)).DeepCopy()
+	written := r.statuses.base(orig.UID, orig.ResourceVersion, orig.Status)
+	tcp.Status = *written.DeepCopy()
 	// Render from a defaulted copy: an object written while the webhook was
 	// down renders the same as one that went through it. The spec is never
 	// written back.
