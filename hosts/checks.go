@@ -54,9 +54,25 @@ func (c *Client) GetFromHost(ctx context.Context, url string, cfg *tls.Config) (
 // PortsInUse says which of ports something listens on, on the host (TCP,
 // IPv4 or IPv6, any address), read from /proc so that no tool is needed.
 func PortsInUse(ctx context.Context, c *Client, ports []int) ([]int, error) {
-	out, err := c.RunScript(ctx, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null\n")
+	return PortsTaken(ctx, c, ports, nil)
+}
+
+// PortsTaken is PortsInUse before a control plane is written to the host:
+// on a host that has one of manifests already (a start resumed after its
+// write), the kubelet runs them and the ports are theirs, so none is
+// reported.
+func PortsTaken(ctx context.Context, c *Client, ports []int, manifests []string) ([]int, error) {
+	var script strings.Builder
+	for _, m := range manifests {
+		fmt.Fprintf(&script, "if [ -e %s ]; then echo %s; exit 0; fi\n", Quote(m), manifestPresent)
+	}
+	script.WriteString("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null\n")
+	out, err := c.RunScript(ctx, script.String())
 	if err != nil {
 		return nil, fmt.Errorf("listing the host's listening ports: %w", err)
+	}
+	if strings.TrimSpace(out) == manifestPresent {
+		return nil, nil
 	}
 	listening := parseListening(out)
 	var used []int
@@ -67,6 +83,10 @@ func PortsInUse(ctx context.Context, c *Client, ports []int) ([]int, error) {
 	}
 	return used, nil
 }
+
+// manifestPresent is what PortsTaken's script prints when a manifest is
+// there already (no line of /proc/net/tcp looks like it).
+const manifestPresent = "apiary-manifest-present"
 
 // parseListening reads /proc/net/tcp{,6}: the local port of every socket in
 // state 0A (LISTEN).

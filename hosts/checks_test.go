@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -56,6 +58,21 @@ func TestChecksFromTheHost(t *testing.T) {
 	}
 	if !slices.Equal(got, []int{used}) {
 		t.Errorf("ports in use %v, want [%d]", got, used)
+	}
+	// Before a control plane is written: the same port is taken while no
+	// manifest is there, and the manifest's own once one is.
+	manifest := filepath.Join(t.TempDir(), "kube-apiserver.yaml")
+	absent := filepath.Join(t.TempDir(), "kube-scheduler.yaml")
+	got, err = PortsTaken(t.Context(), c, []int{used, freePort}, []string{absent, manifest})
+	if err != nil || !slices.Equal(got, []int{used}) {
+		t.Errorf("ports taken with no manifest: %v, %v, want [%d]", got, err, used)
+	}
+	if err := os.WriteFile(manifest, []byte("kind: Pod\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err = PortsTaken(t.Context(), c, []int{used, freePort}, []string{absent, manifest})
+	if err != nil || len(got) != 0 {
+		t.Errorf("ports taken with a manifest written: %v, %v, want none", got, err)
 	}
 	l.Close()
 

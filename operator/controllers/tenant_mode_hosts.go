@@ -223,18 +223,24 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 	}
 	defer c.Close()
 	if h.Step == apiary.HostStepStop {
-		var mpaths, fpaths []string
-		for _, f := range manifests {
-			mpaths = append(mpaths, f.Path)
-		}
-		for _, f := range files {
-			fpaths = append(fpaths, f.Path)
-		}
-		if err := hosts.RemoveControlPlane(ctx, c, mpaths, fpaths, []string{render.KubeletCAPath}, hostRemoveWait); err != nil {
+		if err := hosts.RemoveControlPlane(ctx, c, pathsOf(manifests), pathsOf(files), []string{render.KubeletCAPath}, hostRemoveWait); err != nil {
 			return fail(err)
 		}
 		h.ConfigHash = ""
 		return succeed("static Pods and files removed; no control-plane process left")
+	}
+	if h.Step == apiary.HostStepStart {
+		// A port something else holds would leave a component crash
+		// looping on the host: refused before anything is written.
+		ports := render.StaticPodPorts(r.hostInputs(tcp, in))
+		used, err := hosts.PortsTaken(ctx, c, ports, pathsOf(manifests))
+		if err != nil {
+			return fail(err)
+		}
+		if len(used) > 0 {
+			return fail(fmt.Errorf("ports %v are in use on the host (the control plane listens on %v); nothing was written; free them and the step is retried within %s",
+				used, ports, hostRetryAfter))
+		}
 	}
 	written, err := hosts.WriteControlPlane(ctx, c, toHostFiles(files), toHostFiles(manifests))
 	if err != nil {
@@ -261,7 +267,11 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 // hostControlPlane renders what a control-plane host runs, from the same
 // inputs as the Deployment but for the DataStore address hosts use.
 func (r *TenantControlPlaneReconciler) hostControlPlane(tcp *apiary.TenantControlPlane, in modeInputs) (files, manifests []render.HostFile, err error) {
-	return render.StaticPods(render.Inputs{
+	return render.StaticPods(r.hostInputs(tcp, in), in.exceeded)
+}
+
+func (r *TenantControlPlaneReconciler) hostInputs(tcp *apiary.TenantControlPlane, in modeInputs) render.Inputs {
+	return render.Inputs{
 		TCP:             tcp,
 		Version:         tcp.Spec.Version,
 		Endpoint:        in.ep,
@@ -269,7 +279,15 @@ func (r *TenantControlPlaneReconciler) hostControlPlane(tcp *apiary.TenantContro
 		EtcdPrefix:      tcp.Status.DataStore.Prefix,
 		Secrets:         in.cr.data,
 		ImageRepository: r.ImageRepository,
-	}, in.exceeded)
+	}
+}
+
+func pathsOf(fs []render.HostFile) []string {
+	out := make([]string, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, f.Path)
+	}
+	return out
 }
 
 func (r *TenantControlPlaneReconciler) dialHost(ctx context.Context, tcp *apiary.TenantControlPlane, name string) (*hosts.Client, error) {
