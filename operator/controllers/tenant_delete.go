@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/apiaryhq/apiary/datastore"
+	"github.com/apiaryhq/apiary/hosts"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
 )
@@ -35,6 +36,7 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 	// outside the namespace, is the finalizer's to remove.
 	inNamespace := !namespaceGoing(ctx, r.APIReader, tcp.Namespace)
 	if inNamespace {
+		r.stopHostsForDeletion(ctx, tcp)
 		if err := r.deleteOwned(ctx, tcp, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: render.DeploymentName(tcp), Namespace: tcp.Namespace}}); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -68,6 +70,34 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 	r.forgetTenant(orig.UID)
 	logger.Info("tenant removed", "dataStore", tcp.Status.DataStore.Name, "prefix", tcp.Status.DataStore.Prefix)
 	return ctrl.Result{}, nil
+}
+
+// stopHostsForDeletion takes the control plane off every host that runs
+// it, before the tenant's credentials are revoked: left there, its static
+// Pods would crash-loop until the Host is deleted. No drain: the tenant is
+// going. A host that cannot be reached is reported and left; deleting or
+// resetting its Host removes the manifests (kubeadm reset).
+func (r *TenantControlPlaneReconciler) stopHostsForDeletion(ctx context.Context, tcp *apiary.TenantControlPlane) {
+	files, manifests := render.StaticPodPaths(render.Inputs{TCP: tcp, Version: tcp.Spec.Version})
+	for _, h := range tcp.Status.ControlPlaneHosts {
+		if h.Step == apiary.HostStepStop && h.Result == resultSucceeded {
+			continue
+		}
+		err := func() error {
+			c, err := r.dialHost(ctx, tcp, h.Host)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return hosts.RemoveControlPlane(ctx, c, manifests, files, []string{render.KubeletCAPath}, hostRemoveWait)
+		}()
+		if err != nil {
+			r.Recorder.Eventf(tcp, nil, corev1.EventTypeWarning, "ControlPlaneLeftOnHost", "Delete",
+				"Host %s: %v; its static Pods stay until the Host is deleted or reset", h.Host, err)
+			continue
+		}
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "HostStepSucceeded", "Delete", "Host %s: control plane removed with the tenant", h.Host)
+	}
 }
 
 // deleteNamespaced deletes what the tenant owns in its namespace.

@@ -222,3 +222,26 @@ func TestStaticPodPorts(t *testing.T) {
 		t.Errorf("ports without konnectivity %v, want %v", got, want)
 	}
 }
+
+// StaticPodPaths lists, without credentials, exactly the paths StaticPods
+// writes, with and without konnectivity.
+func TestStaticPodPaths(t *testing.T) {
+	for _, konn := range []bool{true, false} {
+		in := issuedInputs()
+		in.TCP.Spec.Addons.Konnectivity.Enabled = new(konn)
+		files, manifests, _ := staticPods(t, in)
+		var wantFiles, wantManifests []string
+		for _, f := range files {
+			wantFiles = append(wantFiles, f.Path)
+		}
+		for _, m := range manifests {
+			wantManifests = append(wantManifests, m.Path)
+		}
+		bare := in
+		bare.Secrets = nil
+		gotFiles, gotManifests := StaticPodPaths(bare)
+		if !slices.Equal(gotFiles, wantFiles) || !slices.Equal(gotManifests, wantManifests) {
+			t.Errorf("konnectivity %v: paths %v %v, want %v %v", konn, gotFiles, gotManifests, wantFiles, wantManifests)
+		}
+	}
+}
