@@ -180,6 +180,7 @@ type poller struct {
 	mu                  sync.Mutex
 	firstFail, lastGood time.Time
 	longest             time.Duration
+	slowest             time.Duration // the longest a successful request took
 	failures            []string
 }
 
@@ -194,13 +195,17 @@ func (e *env) newPoller(t *testing.T, name string) *poller {
 		t.Fatal(err)
 	}
 	// A new connection for every request: a kept-alive connection to one
-	// pod would hide what the LoadBalancer does.
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
+	// pod would hide what the LoadBalancer does. A request fails when it
+	// errors, is not 200, or takes more than 5 s (the writer's limit); a
+	// slower answer shows as slowest (on this 2-core machine, two kube-
+	// apiservers starting can hold a request for 2-3 s).
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
 	return &poller{url: cfg.Host + "/version", hc: hc}
 }
 
 func (p *poller) run(ctx context.Context) {
 	for ctx.Err() == nil {
+		sent := time.Now()
 		resp, err := p.hc.Get(p.url)
 		now := time.Now()
 		good := err == nil && resp.StatusCode == http.StatusOK
@@ -211,6 +216,7 @@ func (p *poller) run(ctx context.Context) {
 		p.mu.Lock()
 		if good {
 			p.ok.Add(1)
+			p.slowest = max(p.slowest, now.Sub(sent))
 			if !p.firstFail.IsZero() {
 				p.longest = max(p.longest, now.Sub(p.firstFail))
 				p.firstFail = time.Time{}

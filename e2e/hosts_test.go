@@ -195,6 +195,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })
 	t.Run("OperatorKilledWhileInstalling", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
 	t.Run("HostAddListRemoveCLI", func(t *testing.T) { e.testHostCLI(t, d, image) })
+	t.Run("RegisteredTenant", func(t *testing.T) { e.testRegisteredTenant(t, d, image) })
 
 	// Bad input is refused at admission, naming the field.
 	bad := newHost("bad-key", h.Address, "e2e-host-key", "ssh-ed25519 not-a-key")
