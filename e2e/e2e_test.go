@@ -197,8 +197,8 @@ func (e *env) newPoller(t *testing.T, name string) *poller {
 	// A new connection for every request: a kept-alive connection to one
 	// pod would hide what the LoadBalancer does. A request fails when it
 	// errors, is not 200, or takes more than 5 s (the writer's limit); a
-	// slower answer shows as slowest (on this 2-core machine, two kube-
-	// apiservers starting can hold a request for 2-3 s).
+	// slower answer shows as slowest (on this 2-core machine one request
+	// during a switch's ScalingUp was seen to take over 2 s).
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
 	return &poller{url: cfg.Host + "/version", hc: hc}
 }

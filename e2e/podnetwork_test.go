@@ -101,14 +101,7 @@ func (e *env) testPodNetwork(t *testing.T, d *sshhost.Docker, image, first strin
 							TopologyKey:   corev1.LabelHostname,
 						}},
 					}},
-					Containers: []corev1.Container{{
-						Name:  "web",
-						Image: busyboxImage,
-						Command: []string{"sh", "-c",
-							"mkdir -p /www && hostname > /www/index.html && echo serving $(hostname) && exec httpd -f -v -p 8080 -h /www"},
-						Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
-						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(8080)}}, PeriodSeconds: 2},
-					}},
+					Containers: []corev1.Container{webContainer()},
 				},
 			},
 		},
@@ -231,6 +224,19 @@ func (e *env) testPodNetwork(t *testing.T, d *sshhost.Docker, image, first strin
 		if err != nil || strings.TrimSpace(got) != p.Name {
 			t.Errorf("kubectl port-forward %s: %q, %v", p.Name, got, err)
 		}
+	}
+}
+
+// webContainer serves its pod's name over HTTP on 8080 and logs
+// "serving NAME".
+func webContainer() corev1.Container {
+	return corev1.Container{
+		Name:  "web",
+		Image: busyboxImage,
+		Command: []string{"sh", "-c",
+			"mkdir -p /www && hostname > /www/index.html && echo serving $(hostname) && exec httpd -f -v -p 8080 -h /www"},
+		Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(8080)}}, PeriodSeconds: 2},
 	}
 }
 

@@ -21,7 +21,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -278,14 +277,7 @@ func (e *env) deployOnWorkers(t *testing.T, cs kubernetes.Interface, ns string, 
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name:  "web",
-					Image: busyboxImage,
-					Command: []string{"sh", "-c",
-						"mkdir -p /www && hostname > /www/index.html && echo serving $(hostname) && exec httpd -f -v -p 8080 -h /www"},
-					Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(8080)}}, PeriodSeconds: 2},
-				}}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{webContainer()}},
 			},
 		},
 	}
