@@ -276,7 +276,6 @@ func Deployment(in Inputs) *appsv1ac.DeploymentApplyConfiguration {
 		WithAutomountServiceAccountToken(false).
 		WithEnableServiceLinks(false).
 		WithSecurityContext(conventions.PodSecurityContext()).
-		WithTerminationGracePeriodSeconds(TerminationGracePeriod).
 		// Spread replicas over nodes when there are several.
 		WithAffinity(conventions.SpreadOverNodes(selector))
 

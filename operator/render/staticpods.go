@@ -95,20 +95,6 @@ func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile
 	return files, manifests, nil
 }
 
-// TerminationGracePeriod (seconds) bounds a control-plane pod's stop, in
-// both forms. On SIGTERM kube-apiserver keeps serving for
-// --shutdown-delay-duration (5 s) while it leaves the Service, then closes
-// its listener and lets in-flight requests finish; but it shuts its HTTP
-// server down with the request timeout (60 s) as the limit, and an open
-// watch holds it that long, so it exited only when the kubelet killed it
-// at the Pod default of 30 s: most of a control-plane host's stop. 15 s
-// leaves 10 s for requests in flight, and cuts the watches (which clients
-// re-open through the address) 15 s earlier. --shutdown-send-retry-after
-// would end it sooner, but answers kept-alive clients 429 with
-// Retry-After: 5, which stalled a client-go writer for over 5 s in the e2e
-// test.
-const TerminationGracePeriod int64 = 15
-
 // StaticPodPaths are the paths StaticPods writes, without their contents
 // (no credential needed): what taking a control plane off a host removes.
 func StaticPodPaths(in Inputs) (files, manifests []string) {
@@ -221,7 +207,6 @@ func staticPod(in Inputs, c component, hash string) *corev1ac.PodApplyConfigurat
 			WithHostNetwork(true).
 			WithPriorityClassName("system-node-critical").
 			WithPriority(priorityNodeCritical).
-			WithTerminationGracePeriodSeconds(TerminationGracePeriod).
 			// Root reads the 0600 root-owned files, as in kubeadm's
 			// static Pods, whatever user an image defaults to (upstream's
 			// konnectivity-server image is nonroot, 65532); the containers
