@@ -552,6 +552,17 @@ func (e *env) leader(t *testing.T) string {
 	return pod
 }
 
+// killLeader deletes the operator's leader pod at once (grace 0, as a
+// crash) and returns its name.
+func (e *env) killLeader(t *testing.T) string {
+	t.Helper()
+	leader := e.leader(t)
+	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: leader}}, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	return leader
+}
+
 func (e *env) testOperatorRestart(t *testing.T) {
 	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "gamma", Namespace: framework.TenantsNS}}
 	start := time.Now()
@@ -570,10 +581,7 @@ func (e *env) testOperatorRestart(t *testing.T) {
 		}
 		return nil
 	})
-	leader := e.leader(t)
-	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: leader}}, client.GracePeriodSeconds(0)); err != nil {
-		t.Fatal(err)
-	}
+	leader := e.killLeader(t)
 	t.Logf("killed operator leader %s %s after creating gamma", leader, time.Since(start).Round(time.Millisecond))
 	e.WaitReady(t, "gamma")
 	t.Logf("FIGURE gamma Ready %s after creation, across an operator leader kill", time.Since(start).Round(time.Millisecond))

@@ -554,11 +554,8 @@ func (e *env) testHostAcrossOperatorKill(t *testing.T, d *sshhost.Docker, image 
 		phase = host.Status.Phase
 		time.Sleep(50 * time.Millisecond)
 	}
-	leader := e.leader(t)
 	killed := time.Now()
-	if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: leader}}, client.GracePeriodSeconds(0)); err != nil {
-		t.Fatal(err)
-	}
+	leader := e.killLeader(t)
 	t.Logf("killed operator leader %s while the Host was %s, %s after its creation", leader, phase, time.Since(start).Round(time.Millisecond))
 	framework.Eventually(t, "Host survivor joined after the kill", 5*time.Minute, func() error {
 		if err := e.C.Get(e.Ctx, client.ObjectKeyFromObject(host), host); err != nil {

@@ -161,9 +161,8 @@ func (e *env) testRegisteredTenant(t *testing.T, d *sshhost.Docker, image string
 	e.deleteTenant(t, name)
 	t.Logf("FIGURE tenant %s deleted in registered mode in %s", name, time.Since(start).Round(100*time.Millisecond))
 	for _, hn := range []string{"reg-cp-1", "reg-cp-2"} {
-		if out, _ := e.hostExec(d, machines[hn], "pgrep -l -x 'kube-apiserver|kube-controller|kube-scheduler|proxy-server'; ls /etc/kubernetes/manifests /etc/kubernetes/pki"); strings.Contains(out, "kube-") ||
-			strings.Contains(out, "proxy-server") || strings.Contains(out, ".yaml") || strings.Contains(out, ".key") {
-			t.Errorf("after the tenant was deleted %s still has:\n%s", hn, out)
+		if left := e.controlPlaneLeft(d, machines[hn]); left != "" {
+			t.Errorf("after the tenant was deleted %s still has:\n%s", hn, left)
 		}
 	}
 }
@@ -401,8 +400,8 @@ func (e *env) testHostLeavesAndReturns(t *testing.T, d *sshhost.Docker, machines
 	tcp := e.waitServing(t, name, "reg-cp-1")
 	left := time.Since(start)
 	e.checkHostsOnly(t, tcp, machines["reg-cp-1"].Address)
-	if out, _ := e.hostExec(d, machines["reg-cp-2"], "pgrep -l -x 'kube-apiserver|kube-controller|kube-scheduler|proxy-server'; ls /etc/kubernetes/manifests"); strings.Contains(out, "kube-") || strings.Contains(out, ".yaml") {
-		t.Errorf("reg-cp-2 is a worker and still has:\n%s", out)
+	if left := e.controlPlaneLeft(d, machines["reg-cp-2"]); left != "" {
+		t.Errorf("reg-cp-2 is a worker and still has:\n%s", left)
 	}
 
 	start = time.Now()
@@ -416,6 +415,19 @@ func (e *env) testHostLeavesAndReturns(t *testing.T, d *sshhost.Docker, machines
 
 func (e *env) hostExec(d *sshhost.Docker, h *sshhost.Host, script string) (string, error) {
 	return d.Exec(e.Ctx, h.Name, "sh", "-c", script)
+}
+
+// controlPlaneLeft is what of a tenant's control plane a host still has
+// (a process, a manifest, a key), or "" when nothing is left. The
+// kubelet's ca.crt stays.
+func (e *env) controlPlaneLeft(d *sshhost.Docker, h *sshhost.Host) string {
+	out, _ := e.hostExec(d, h, "pgrep -l -x 'kube-apiserver|kube-controller|kube-scheduler|proxy-server'; ls /etc/kubernetes/manifests /etc/kubernetes/pki")
+	for _, sign := range []string{"kube-", "proxy-server", ".yaml", ".key"} {
+		if strings.Contains(out, sign) {
+			return out
+		}
+	}
+	return ""
 }
 
 // leaseHolders samples a tenant's Lease (kube-controller-manager's) and
@@ -479,10 +491,7 @@ func (e *env) killLeaderIn(t *testing.T, name, phase string, host bool) *apiary.
 			return h.Result == controllers.StepRunning
 		})
 		if sw != nil && sw.Phase == phase && running {
-			leader := e.leader(t)
-			if err := e.C.Delete(e.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: framework.SystemNS, Name: leader}}, client.GracePeriodSeconds(0)); err != nil {
-				t.Fatal(err)
-			}
+			leader := e.killLeader(t)
 			t.Logf("killed operator leader %s in phase %s (host steps %s)", leader, phase, hostSteps(tcp))
 			return tcp
 		}
@@ -650,8 +659,8 @@ func (e *env) testSwitchThroughFailures(t *testing.T, d *sshhost.Docker, machine
 		}
 	}
 	for _, hn := range []string{"reg-cp-1", "reg-cp-2"} {
-		if out, _ := e.hostExec(d, machines[hn], "pgrep -l -x 'kube-apiserver|kube-controller|kube-scheduler|proxy-server'; ls /etc/kubernetes/manifests"); strings.Contains(out, "kube-") || strings.Contains(out, "proxy-server") || strings.Contains(out, ".yaml") {
-			t.Errorf("standalone, and %s still has:\n%s", hn, out)
+		if left := e.controlPlaneLeft(d, machines[hn]); left != "" {
+			t.Errorf("standalone, and %s still has:\n%s", hn, left)
 		}
 	}
 	holderLike(render.DeploymentName(tcp) + "-")

@@ -79,7 +79,8 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 // resetting its Host removes the manifests (kubeadm reset).
 func (r *TenantControlPlaneReconciler) stopHostsForDeletion(ctx context.Context, tcp *apiary.TenantControlPlane) {
 	files, manifests := render.StaticPodPaths(render.Inputs{TCP: tcp, Version: tcp.Spec.Version})
-	for _, h := range tcp.Status.ControlPlaneHosts {
+	for i := range tcp.Status.ControlPlaneHosts {
+		h := &tcp.Status.ControlPlaneHosts[i]
 		if h.Step == apiary.HostStepStop && h.Result == resultSucceeded {
 			continue
 		}
@@ -96,6 +97,9 @@ func (r *TenantControlPlaneReconciler) stopHostsForDeletion(ctx context.Context,
 				"Host %s: %v; its static Pods stay until the Host is deleted or reset", h.Host, err)
 			continue
 		}
+		// Journaled as stopped, so that a finalize that has to run again
+		// (the datastore not reachable yet) does not dial it again.
+		h.Step, h.Result, h.Serving, h.ConfigHash = apiary.HostStepStop, resultSucceeded, false, ""
 		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "HostStepSucceeded", "Delete", "Host %s: control plane removed with the tenant", h.Host)
 	}
 }

@@ -229,9 +229,11 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 		h.ConfigHash = ""
 		return succeed("static Pods and files removed; no control-plane process left")
 	}
-	if h.Step == apiary.HostStepStart {
+	if h.Step == apiary.HostStepStart && h.ConfigHash == "" {
 		// A port something else holds would leave a component crash
-		// looping on the host: refused before anything is written.
+		// looping on the host: refused before anything is written. Once
+		// the journal has the write (ConfigHash), the polls for /readyz
+		// skip it; PortsTaken itself covers a write the journal missed.
 		ports := render.StaticPodPorts(r.hostInputs(tcp, in))
 		used, err := hosts.PortsTaken(ctx, c, ports, pathsOf(manifests))
 		if err != nil {

@@ -65,23 +65,16 @@ func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile
 		AdmissionConfigMapName(in.TCP):    cm.Data,
 		KonnectivityConfigMapName(in.TCP): {KeyEgressSelectorConfig: konnectivity.EgressSelectorConfiguration},
 	}
-	seen := map[string]bool{}
 	comps := controlPlane(in)
-	for _, c := range comps {
-		for _, f := range c.files {
-			if seen[f.path] {
-				continue
-			}
-			seen[f.path] = true
-			data, err := f.data(in, configMaps)
-			if err != nil {
-				return nil, nil, err
-			}
-			files = append(files, HostFile{Path: f.path, Data: data})
+	for _, f := range hostFiles(comps) {
+		data, err := f.data(in, configMaps)
+		if err != nil {
+			return nil, nil, err
 		}
+		files = append(files, HostFile{Path: f.path, Data: data})
 	}
 	if StaticAdmissionSupported(in.Version) {
-		files = append(files, HostFile{Path: policiesDir + "/" + KeyQuotaPolicy, Data: []byte(cm.Data[KeyQuotaPolicy])})
+		files = append(files, HostFile{Path: quotaPolicyPath, Data: []byte(cm.Data[KeyQuotaPolicy])})
 	}
 	hash := in.ConfigHash()
 	for _, c := range comps {
@@ -98,20 +91,37 @@ func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile
 // StaticPodPaths are the paths StaticPods writes, without their contents
 // (no credential needed): what taking a control plane off a host removes.
 func StaticPodPaths(in Inputs) (files, manifests []string) {
+	comps := controlPlane(in)
+	for _, f := range hostFiles(comps) {
+		files = append(files, f.path)
+	}
+	if StaticAdmissionSupported(in.Version) {
+		files = append(files, quotaPolicyPath)
+	}
+	for _, c := range comps {
+		manifests = append(manifests, StaticPodManifest(c.name))
+	}
+	return files, manifests
+}
+
+// quotaPolicyPath is where a host keeps the datastore quota's admission
+// policy (kube-apiserver reads it from the admission configuration).
+const quotaPolicyPath = policiesDir + "/" + KeyQuotaPolicy
+
+// hostFiles are the files the components read, each once, in the order
+// the components name them.
+func hostFiles(comps []component) []mountedFile {
 	seen := map[string]bool{}
-	for _, c := range controlPlane(in) {
+	var out []mountedFile
+	for _, c := range comps {
 		for _, f := range c.files {
 			if !seen[f.path] {
 				seen[f.path] = true
-				files = append(files, f.path)
+				out = append(out, f)
 			}
 		}
-		manifests = append(manifests, StaticPodManifest(c.name))
 	}
-	if StaticAdmissionSupported(in.Version) {
-		files = append(files, policiesDir+"/"+KeyQuotaPolicy)
-	}
-	return files, manifests
+	return out
 }
 
 // StaticPodManifest is the path of a component's manifest on a host.
