@@ -55,27 +55,41 @@ kubeadm join %[2]s --token %[3]s --discovery-token-ca-cert-hash %[4]s --node-nam
 	return res, nil
 }
 
-// Reset undoes join and install: kubeadm reset, then everything the agent
-// put on the host, then the pod network state the tenant's CNI left (which
-// kubeadm reset leaves to the user): the CNI config and IPAM state, and the
+// Leave undoes join and keeps install: kubeadm reset, the kubelet
+// stopped, then the pod network state the tenant's CNI left (which kubeadm
+// reset leaves to the user): the CNI config and IPAM state, and the
 // bridges of the bridge plugin (cni0, kube-router's kube-bridge), whose
 // addresses would otherwise route the old podCIDR to this host after a
-// join with another one. The host can then be joined again, to any tenant.
-// Other iptables rules and routes are the CNI's to remove (kube-router and
-// kube-proxy rewrite their own chains on the next join).
+// join with another one. The node software stays: the host can join
+// again at once. Other iptables rules and routes are the CNI's to remove
+// (kube-router and kube-proxy rewrite their own chains on the next join).
+func Leave(ctx context.Context, c *Client) (string, error) {
+	out, err := c.RunScript(ctx, leaveScript())
+	if err != nil {
+		return out, fmt.Errorf("leave: %w\n%s", err, tail(out, 15))
+	}
+	return out, nil
+}
+
+// Reset undoes join and install: Leave, then everything the agent put on
+// the host. The host can then be joined again, to any tenant.
 func Reset(ctx context.Context, c *Client) (string, error) {
-	script := fmt.Sprintf(`set +e
+	out, err := c.RunScript(ctx, leaveScript()+UninstallScript())
+	if err != nil {
+		return out, fmt.Errorf("reset: %w\n%s", err, tail(out, 15))
+	}
+	return out, nil
+}
+
+func leaveScript() string {
+	return fmt.Sprintf(`set +e
 if command -v kubeadm >/dev/null 2>&1; then kubeadm reset -f --cri-socket %s 2>&1; fi
 systemctl stop kubelet >/dev/null 2>&1
 rm -rf /etc/kubernetes /var/lib/kubelet %s
 rm -rf /etc/cni/net.d/* /var/lib/cni
 for br in cni0 kube-bridge; do ip link delete "$br" >/dev/null 2>&1; done
-%s`, CRISocket, patchesDir, UninstallScript())
-	out, err := c.RunScript(ctx, script)
-	if err != nil {
-		return out, fmt.Errorf("reset: %w\n%s", err, tail(out, 15))
-	}
-	return out, nil
+true
+`, CRISocket, patchesDir)
 }
 
 func tail(s string, n int) string {
