@@ -103,11 +103,14 @@ func (r *DataStoreReconciler) externalHostAccess(ds *apiary.DataStore) {
 }
 
 // controlPlaneHostSources are the addresses of the control-plane Hosts of
-// the tenants bound to ds, as /32 or /128 CIDRs, sorted. Only joined Hosts
-// count (phase Ready: the agent reached that address with the pinned key
-// and joined it), so that writing a Host object naming any address (a
-// management pod's, another machine's) does not open the client port to
-// it. A Host addressed by DNS name is left out (the NetworkPolicy takes
+// the tenants bound to ds, as /32 or /128 CIDRs, sorted. Only installed
+// Hosts count (the agent reached that address with the pinned key and
+// installed the node software there; spec.address is immutable), so that
+// writing a Host object naming any address (a management pod's, another
+// machine's) does not open the client port to it. Installed, not joined:
+// a control-plane Host of a standalone tenant is not joined (Standby), and
+// the switch's preflight checks the DataStore from it before it joins;
+// and a registered host whose Node goes NotReady must keep its datastore. A Host addressed by DNS name is left out (the NetworkPolicy takes
 // addresses only), and so is one whose tenant is not bound here.
 func (r *DataStoreReconciler) controlPlaneHostSources(ctx context.Context, ds *apiary.DataStore) ([]string, error) {
 	var hosts apiary.HostList
@@ -116,7 +119,7 @@ func (r *DataStoreReconciler) controlPlaneHostSources(ctx context.Context, ds *a
 	}
 	var out []string
 	for _, h := range hosts.Items {
-		if h.Spec.Role != apiary.HostRoleControlPlane || h.Status.Phase != apiary.HostPhaseReady ||
+		if !admittedControlPlane(&h) ||
 			!slices.Contains(ds.Status.UsedBy, h.Namespace+"/"+h.Spec.TenantControlPlane) {
 			continue
 		}
@@ -151,9 +154,16 @@ func (r *DataStoreReconciler) dataStoreOfHost(ctx context.Context, o client.Obje
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: tcp.Status.DataStore.Name}}}
 }
 
+// admittedControlPlane: a control-plane Host the agent installed, whose
+// address its DataStore admits.
+func admittedControlPlane(h *apiary.Host) bool {
+	return h.Spec.Role == apiary.HostRoleControlPlane && h.DeletionTimestamp.IsZero() &&
+		meta.IsStatusConditionTrue(h.Status.Conditions, apiary.HostConditionInstalled)
+}
+
 // hostChangesAdmission passes the Host changes that add it to or remove it
-// from its DataStore's admitted sources: its role (both ways), its phase
-// becoming or ceasing to be Ready, creation and deletion. Not the journal's
+// from its DataStore's admitted sources: its role (both ways), its
+// Installed condition, creation and deletion. Not the journal's
 // many status writes while a host installs.
 func hostChangesAdmission() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -162,9 +172,6 @@ func hostChangesAdmission() predicate.Predicate {
 		if !okOld || !okNew {
 			return true
 		}
-		cp := func(h *apiary.Host) bool {
-			return h.Spec.Role == apiary.HostRoleControlPlane && h.Status.Phase == apiary.HostPhaseReady
-		}
-		return cp(o) != cp(n) || !o.DeletionTimestamp.Equal(n.DeletionTimestamp)
+		return admittedControlPlane(o) != admittedControlPlane(n) || !o.DeletionTimestamp.Equal(n.DeletionTimestamp)
 	}}
 }
