@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -97,7 +99,8 @@ type HostReconciler struct {
 // +kubebuilder:rbac:groups=apiary.dev,resources=hosts/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=apiary.dev,resources=hosts/finalizers,verbs=update
 
-// SetupWithManager registers the controller. Only spec changes trigger it;
+// SetupWithManager registers the controller. Only spec changes trigger it,
+// and its tenant's changes that join or leave a control-plane Host;
 // retries are timed by the journal's backoff.
 func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
@@ -115,6 +118,7 @@ func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.controlPlaneHostsOf), builder.WithPredicates(tenantChangesJoins())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: n}).
 		Complete(r)
 }
@@ -189,6 +193,18 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		{StepInstall, apiary.HostPhaseInstalling, r.install},
 		{StepJoin, apiary.HostPhaseJoining, r.join},
 	} {
+		if s.name == StepJoin {
+			// A control-plane Host of a standalone tenant is not joined;
+			// a leave under way finishes before a join starts.
+			want, why := r.joinWanted(ctx, h)
+			if leave := journalStep(st, StepLeave); !want || leave != nil && leave.Result != StepSucceeded {
+				if want {
+					why = "finishing the leave before joining again"
+				}
+				res := r.standBy(ctx, h, why)
+				return res, r.writeStatus(ctx, &orig, h)
+			}
+		}
 		step := journalStep(st, s.name)
 		if step != nil && step.Result == StepSucceeded {
 			continue
@@ -212,7 +228,10 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		if step == nil || step.Result != StepRunning {
 			// Journal the start before touching the host: a step found
 			// Running after a restart is resumed (every step is
-			// idempotent).
+			// idempotent). A join starts afresh: the last leave is done.
+			if s.name == StepJoin {
+				st.Journal = slices.DeleteFunc(st.Journal, func(s apiary.HostStep) bool { return s.Name == StepLeave })
+			}
 			r.startStep(h, s.name)
 			st.Phase = s.phase
 			return ctrl.Result{Requeue: true}, r.writeStatus(ctx, &orig, h)
@@ -413,7 +432,9 @@ func (r *HostReconciler) writeStatus(ctx context.Context, orig, h *apiary.Host) 
 		return nil
 	}
 	recordTransitions(r.Recorder, h, base.Conditions, h.Status.Conditions, func(c metav1.Condition) bool {
-		return c.Status != metav1.ConditionTrue
+		// Standing by or leaving is what a standalone tenant's
+		// control-plane Host should do, not a warning.
+		return c.Status != metav1.ConditionTrue && c.Reason != ReasonStandby && c.Reason != ReasonLeaving
 	})
 	// Patch from what the API server holds (the memo), not the cache.
 	before := orig.DeepCopy()

@@ -508,23 +508,31 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 		}
 	}
 	if ta != nil {
-		if st.NodeName != "" {
-			opts := metav1.DeleteOptions{}
-			if st.NodeUID != "" {
-				uid := types.UID(st.NodeUID)
-				opts.Preconditions = &metav1.Preconditions{UID: &uid}
-			}
-			if err := ta.cs.CoreV1().Nodes().Delete(ctx, st.NodeName, opts); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-				return fail(fmt.Sprintf("deleting Node %s: %v", st.NodeName, err))
-			}
-		}
-		if err := r.deleteJoinToken(ctx, h, ta); err != nil {
+		if err := r.deleteNode(ctx, h, ta); err != nil {
 			return fail(err.Error())
 		}
 	} else if st.NodeName != "" || st.BootstrapTokenID != "" {
 		log.FromContext(ctx).Info("tenant unreachable during Host cleanup; its Node and token stay", "error", fmt.Sprint(tenantErr))
 	}
 	return true, ctrl.Result{}
+}
+
+// deleteNode deletes the host's Node, with a UID precondition: a Conflict
+// means the Node of that name is another one (re-created behind the
+// agent's back), which is left alone. Then any leftover join token.
+func (r *HostReconciler) deleteNode(ctx context.Context, h *apiary.Host, ta *tenantAccess) error {
+	st := &h.Status
+	if st.NodeName != "" {
+		opts := metav1.DeleteOptions{}
+		if st.NodeUID != "" {
+			uid := types.UID(st.NodeUID)
+			opts.Preconditions = &metav1.Preconditions{UID: &uid}
+		}
+		if err := ta.cs.CoreV1().Nodes().Delete(ctx, st.NodeName, opts); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting Node %s: %w", st.NodeName, err)
+		}
+	}
+	return r.deleteJoinToken(ctx, h, ta)
 }
 
 // controlPlaneStillOn says why a Host being deleted must wait for its

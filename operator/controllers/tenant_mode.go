@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,7 +24,8 @@ import (
 // A tenant's mode moves by one path, host by host, and every step is
 // journaled in status before a host is touched:
 //
-//	to registered: StartingHosts (each control-plane Host gets the static
+//	to registered: StartingHosts (the Host agent joins each control-plane
+//	Host, in Standby while the tenant was standalone; each then gets the static
 //	Pods; once its kube-apiserver answers /readyz it joins the tenant
 //	Service through the operator's EndpointSlice) → ScalingDown (the
 //	Deployment goes to 0: each pod leaves the Service as it terminates and
@@ -34,7 +36,9 @@ import (
 //	ready) → HandingBack (the endpoint slice controller lists every ready
 //	pod behind the Service) → StoppingHosts (each host leaves
 //	the slice, drains, and its static Pods and files are removed) →
-//	status.mode standalone.
+//	status.mode standalone. The Host agent then takes each host off the
+//	tenant (Node drained and deleted, kubeadm reset, software kept): a
+//	standalone tenant has no control-plane Nodes.
 //
 // At every moment at least one ready API server is behind the tenant's
 // address, so a client sees no failed request. The Service keeps its
@@ -230,9 +234,21 @@ func (r *TenantControlPlaneReconciler) switchStep(ctx context.Context, tcp *apia
 			}
 			return next, err
 		}
+		joining, err := r.joiningHosts(ctx, tcp)
+		if err != nil {
+			return 0, err
+		}
+		if len(joining) > 0 {
+			// The Host agent joins them now that the tenant targets
+			// registered; their phase changes wake this reconcile.
+			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonWaitingForControlPlaneHosts,
+				fmt.Sprintf("the switch to registered waits for control-plane Hosts to join: %s; %d serving; the control plane keeps running hosted",
+					strings.Join(joining, ", "), servingHosts(st)))
+			return 5 * time.Second, nil
+		}
 		if servingHosts(st) == 0 {
 			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonWaitingForControlPlaneHosts,
-				"the switch to registered waits for a joined Host with role control-plane (phase Ready); the control plane keeps running hosted")
+				"the switch to registered waits for a Host with role control-plane to join (phase Ready); the control plane keeps running hosted")
 			return 0, nil
 		}
 		return enter(apiary.SwitchScalingDown), nil

@@ -44,6 +44,30 @@ func (r *TenantControlPlaneReconciler) wantedHosts(ctx context.Context, tcp *api
 	return out, nil
 }
 
+// joiningHosts names the tenant's control-plane Hosts on their way to
+// joining (Standby, Joining, or finishing a leave first), with their
+// phase: a switch to registered waits for them, so that every
+// control-plane Host serves before the hosted pods go. A Host that fails
+// to join (phase Failed) is not waited for.
+func (r *TenantControlPlaneReconciler) joiningHosts(ctx context.Context, tcp *apiary.TenantControlPlane) ([]string, error) {
+	var list apiary.HostList
+	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the Hosts of %s: %w", tcp.Namespace, err)
+	}
+	var out []string
+	for _, h := range list.Items {
+		if h.Spec.TenantControlPlane != tcp.Name || h.Spec.Role != apiary.HostRoleControlPlane || !h.DeletionTimestamp.IsZero() {
+			continue
+		}
+		switch h.Status.Phase {
+		case apiary.HostPhaseStandby, apiary.HostPhaseJoining, apiary.HostPhaseDraining, apiary.HostPhaseResetting:
+			out = append(out, fmt.Sprintf("%s (%s)", h.Name, h.Status.Phase))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // driveHosts takes one step on one host towards the wanted set (the
 // control-plane Hosts when the target is registered, none when it is
 // standalone), probes the serving ones and applies the slice. It returns

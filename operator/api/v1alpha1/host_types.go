@@ -23,9 +23,15 @@ const (
 	HostPhaseInstalling HostPhase = "Installing"
 	HostPhaseJoining    HostPhase = "Joining"
 	HostPhaseReady      HostPhase = "Ready"
-	HostPhaseDraining   HostPhase = "Draining"
-	HostPhaseResetting  HostPhase = "Resetting"
-	HostPhaseFailed     HostPhase = "Failed"
+	// HostPhaseStandby: a control-plane Host of a standalone tenant,
+	// installed but not joined (a standalone tenant has no control-plane
+	// Nodes). It joins when its tenant switches to registered, and leaves
+	// again (Node deleted, kubeadm reset, software kept) once the switch
+	// back has taken the control plane off it.
+	HostPhaseStandby   HostPhase = "Standby"
+	HostPhaseDraining  HostPhase = "Draining"
+	HostPhaseResetting HostPhase = "Resetting"
+	HostPhaseFailed    HostPhase = "Failed"
 )
 
 // Condition types of a Host.
@@ -84,8 +90,9 @@ type HostSpec struct {
 	// shows it.
 	// +optional
 	InsecureSkipHostKeyCheck bool `json:"insecureSkipHostKeyCheck,omitempty"`
-	// Role in the tenant: worker (control-plane hosts are for registered
-	// mode).
+	// Role in the tenant: worker, or control-plane (the control plane
+	// runs there as static Pods while the tenant is registered; while it
+	// is standalone the host is installed but not joined: phase Standby).
 	// +kubebuilder:default=worker
 	// +optional
 	Role HostRole `json:"role,omitempty"`
