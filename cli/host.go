@@ -49,6 +49,12 @@ tenant's version from the node bundle, and runs kubeadm join with a
 short-lived bootstrap token; each step is recorded in status.journal.
 Removing a Host drains and deletes its Node and resets the machine.
 
+A Host with --role control-plane runs the tenant's control plane while the
+tenant is registered. While it is standalone (no control-plane Nodes) the
+Host is installed but not joined (phase Standby); it joins when the tenant
+switches to registered and leaves again after the switch back (Node
+deleted, kubeadm reset, node software kept).
+
 Hosts live in the tenant's namespace of the management cluster. The operator
 only connects to the host key pinned in the Host (spec.hostKey): "host add"
 reads it from the host, shows its fingerprint and asks you to confirm it
@@ -103,7 +109,7 @@ removed again.`,
 	f.StringVar(&o.SSHKeySecret, "ssh-key-secret", "", "an existing Secret with the private key under \"ssh-privatekey\"")
 	f.StringVar(&o.HostKey, "host-key", "", "the host's public key to pin (authorized_keys format); read from the host when empty")
 	f.BoolVar(&o.InsecureSkipHostKeyCheck, "insecure-skip-host-key-check", false, "accept any host key (labs only; shown in the Host's status)")
-	f.StringVar(&o.Role, "role", string(apiaryv1alpha1.HostRoleWorker), "worker or control-plane")
+	f.StringVar(&o.Role, "role", string(apiaryv1alpha1.HostRoleWorker), "worker, or control-plane: runs the control plane while the tenant is registered, and is installed but not joined (phase Standby) while it is standalone")
 	f.StringArrayVar(&o.Labels, "label", nil, "a Node label KEY=VALUE (repeatable)")
 	f.StringArrayVar(&o.Taints, "taint", nil, "a Node taint KEY[=VALUE]:EFFECT (repeatable)")
 	f.BoolVarP(&o.Yes, "yes", "y", false, "pin the host key read from the host without asking")

@@ -34,15 +34,19 @@ moves the control plane with no failed request to the tenant's clients (same
 address, same CA, same kubeconfig):
 
   registered  the control plane runs as static Pods on the tenant's Hosts
-              with role control-plane (joined, phase Ready), registered as
-              tainted control-plane Nodes; the hosted pods scale to zero.
-              Host by host: the control plane is written, its kube-apiserver
-              must answer /readyz, then it joins the tenant Service; when
-              every host serves, the hosted pods leave the Service, drain
-              and scale away.
+              with role control-plane, registered as tainted control-plane
+              Nodes; the hosted pods scale to zero. The Hosts, installed but
+              not joined while the tenant is standalone (phase Standby),
+              join first. Host by host: the control plane is written, its
+              kube-apiserver must answer /readyz, then it joins the tenant
+              Service; when every host serves, the hosted pods leave the
+              Service, drain and scale away.
   standalone  the hosted pods come back and rejoin the Service; then host by
               host, each leaves the Service, drains, and its static Pods and
-              files are removed (the host stays joined as a Node).
+              files are removed. Then each host leaves the tenant: its Node
+              is drained and deleted and kubeadm reset runs there (the node
+              software stays, for the next switch): a standalone tenant has
+              no control-plane Nodes.
 
 Before asking for confirmation it shows what the switch will use: the
 control-plane Hosts and the DataStore's address for hosts. --yes skips the
@@ -50,7 +54,7 @@ question.
 
 --check-only changes nothing. It asks the API server to accept the change
 (server-side dry run) and, for a switch to registered, checks every
-control-plane Host from this machine: joined, SSH with its pinned host key,
+control-plane Host from this machine: installed, SSH with its pinned host key,
 the control plane's ports free, and, from the host itself (SSH-forwarded
 connections, TLS end to end with the tenant's own certificates), the
 DataStore's host address and the tenant endpoint answering. It prints each
@@ -150,9 +154,16 @@ func switchPlan(ctx context.Context, c client.Reader, tcp *apiaryv1alpha1.Tenant
 		if h.Spec.TenantControlPlane != tcp.Name || h.Spec.Role != apiaryv1alpha1.HostRoleControlPlane {
 			continue
 		}
-		state := "joined"
-		if h.Status.Phase != apiaryv1alpha1.HostPhaseReady {
-			state = fmt.Sprintf("phase %s: not used until it has joined", orDash(string(h.Status.Phase)))
+		var state string
+		switch {
+		case h.Status.Phase == apiaryv1alpha1.HostPhaseReady:
+			state = "joined"
+		case h.Status.Phase == apiaryv1alpha1.HostPhaseStandby:
+			state = "installed; joins when the switch starts"
+		case !meta.IsStatusConditionTrue(h.Status.Conditions, apiaryv1alpha1.HostConditionInstalled):
+			state = fmt.Sprintf("phase %s: not used until it is installed", orDash(string(h.Status.Phase)))
+		default:
+			state = fmt.Sprintf("phase %s", h.Status.Phase)
 		}
 		cp = append(cp, fmt.Sprintf("  Host %s (%s): %s", h.Name, h.Spec.Address, state))
 	}

@@ -35,7 +35,7 @@ type switchCheck struct {
 // checkSwitch checks, changing nothing, whether a switch of tcp to target
 // can go through: the API server accepts the change (server-side dry run)
 // and, to registered, the DataStore has an address for hosts and every
-// control-plane Host is joined, answers SSH with its pinned key, has the
+// control-plane Host is installed, answers SSH with its pinned key, has the
 // control plane's ports free and reaches the DataStore and the tenant
 // endpoint, from the host itself, with the tenant's own credentials.
 //
@@ -126,11 +126,18 @@ func checkSwitch(ctx context.Context, c client.Client, tcp *apiaryv1alpha1.Tenan
 
 	for _, h := range cp {
 		subject := fmt.Sprintf("Host %s (%s)", h.Name, h.Spec.Address)
-		var joined error
-		if h.Status.Phase != apiaryv1alpha1.HostPhaseReady {
-			joined = fmt.Errorf("phase %s: the switch uses it once it has joined", orDash(string(h.Status.Phase)))
+		var installed error
+		if c := meta.FindStatusCondition(h.Status.Conditions, apiaryv1alpha1.HostConditionInstalled); c == nil || c.Status != metav1.ConditionTrue {
+			installed = fmt.Errorf("phase %s: the switch uses it once the node software is installed", orDash(string(h.Status.Phase)))
+			if c != nil {
+				installed = fmt.Errorf("phase %s, %s: %s", orDash(string(h.Status.Phase)), c.Reason, c.Message)
+			}
 		}
-		add(subject, "joined the tenant (phase Ready)", joined, "node "+h.Status.NodeName)
+		state := "installed, joins when the switch starts (phase Standby)"
+		if h.Status.Phase == apiaryv1alpha1.HostPhaseReady {
+			state = "joined as node " + h.Status.NodeName
+		}
+		add(subject, "node software installed", installed, state)
 		t, _, err := hosts.TargetOf(ctx, c, &h)
 		if err != nil {
 			add(subject, "SSH with the pinned host key", err, "")

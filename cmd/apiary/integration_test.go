@@ -557,7 +557,7 @@ func TestSwitch(t *testing.T) {
 			t.Errorf("spec.mode %s after a refused switch", m)
 		}
 	})
-	t.Run("with a joined control-plane Host", func(t *testing.T) {
+	t.Run("with a control-plane Host in Standby", func(t *testing.T) {
 		h := &apiaryv1alpha1.Host{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp-1"},
 			Spec: apiaryv1alpha1.HostSpec{TenantControlPlane: "dev", Address: "192.0.2.10", Role: apiaryv1alpha1.HostRoleControlPlane,
@@ -566,7 +566,10 @@ func TestSwitch(t *testing.T) {
 		if err := e.client.Create(ctx, h); err != nil {
 			t.Fatal(err)
 		}
-		h.Status.Phase = apiaryv1alpha1.HostPhaseReady
+		// Installed, not joined: a standalone tenant's control-plane Host.
+		h.Status.Phase = apiaryv1alpha1.HostPhaseStandby
+		h.Status.Conditions = []metav1.Condition{{Type: apiaryv1alpha1.HostConditionInstalled, Status: metav1.ConditionTrue, Reason: "Installed",
+			Message: "kubelet, kubeadm, kubectl", LastTransitionTime: metav1.Now()}}
 		if err := e.client.Status().Update(ctx, h); err != nil {
 			t.Fatal(err)
 		}
@@ -574,7 +577,7 @@ func TestSwitch(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d", code)
 		}
-		mustContain(t, "stdout", stdout, "standalone → registered", "Host cp-1 (192.0.2.10): joined", "spec.mode set to registered")
+		mustContain(t, "stdout", stdout, "standalone → registered", "Host cp-1 (192.0.2.10): installed; joins when the switch starts", "spec.mode set to registered")
 		if m := mode(); m != apiaryv1alpha1.ModeRegistered {
 			t.Errorf("spec.mode %s, want registered", m)
 		}
