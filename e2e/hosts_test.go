@@ -189,7 +189,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 	}
 
 	e.testHostJoin(t, d, h, "good")
-	t.Run("StaticControlPlaneOnAHost", func(t *testing.T) { e.testStaticControlPlane(t, d, h, h2, "good", "wrong-ssh-key") })
+	t.Run("StandaloneControlPlaneHostStandsBy", func(t *testing.T) { e.testStandbyHost(t, d, h, h2, "good", "wrong-ssh-key") })
 	t.Run("SwitchModeBothWays", func(t *testing.T) { e.testSwitchBothWays(t, d, h, "good") })
 	t.Run("PodNetworkAcrossHosts", func(t *testing.T) { e.testPodNetwork(t, d, image, "good") })
 	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })

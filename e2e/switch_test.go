@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -39,19 +40,11 @@ func (e *env) setHostRole(t *testing.T, name string, role apiary.HostRole) {
 	})
 }
 
-// waitHostAdmitted waits until a control-plane Host has joined again
-// after its role changed (the agent re-runs its join) and the DataStore's
-// NetworkPolicy admits its address.
+// waitHostAdmitted waits until the DataStore's NetworkPolicy admits a
+// control-plane Host's address (the agent installed it).
 func (e *env) waitHostAdmitted(t *testing.T, name, address string) {
 	t.Helper()
-	framework.Eventually(t, "Host "+name+" joined and admitted to the DataStore", 3*time.Minute, func() error {
-		var host apiary.Host
-		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &host); err != nil {
-			return err
-		}
-		if host.Status.Phase != apiary.HostPhaseReady {
-			return fmt.Errorf("phase %s", host.Status.Phase)
-		}
+	framework.Eventually(t, "Host "+name+" admitted to the DataStore", 3*time.Minute, func() error {
 		var ds apiary.DataStore
 		if err := e.C.Get(e.Ctx, client.ObjectKey{Name: "default"}, &ds); err != nil {
 			return err
@@ -61,6 +54,42 @@ func (e *env) waitHostAdmitted(t *testing.T, name, address string) {
 		}
 		return nil
 	})
+}
+
+// waitStandby waits until a control-plane Host of a standalone tenant has
+// left it (phase Standby) and checks what a standalone tenant must not
+// have (issue 10, test 2): its Node, a kubelet or a kubelet kubeconfig on
+// the host, a control-plane process or file there.
+func (e *env) waitStandby(t *testing.T, d *sshhost.Docker, m *sshhost.Host, cs kubernetes.Interface, name string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	framework.Eventually(t, "Host "+name+" in Standby", 4*time.Minute, func() error {
+		var host apiary.Host
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &host); err != nil {
+			return err
+		}
+		if host.Status.Phase != apiary.HostPhaseStandby {
+			return fmt.Errorf("phase %s, Joined %+v", host.Status.Phase, framework.FindCondition(host.Status.Conditions, apiary.HostConditionJoined))
+		}
+		if host.Status.NodeName != "" {
+			return fmt.Errorf("status.nodeName %s", host.Status.NodeName)
+		}
+		return nil
+	})
+	took := time.Since(start)
+	if n, err := cs.CoreV1().Nodes().Get(e.Ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Host %s in Standby, and its Node is there (%v): labels %v", name, err, n.Labels)
+	}
+	if out, _ := e.hostExec(d, m, "pgrep -l -x kubelet; test -e /etc/kubernetes/kubelet.conf && echo kubelet.conf"); strings.TrimSpace(out) != "" {
+		t.Errorf("Host %s in Standby, and the host has: %s", name, out)
+	}
+	if left := e.controlPlaneLeft(d, m); left != "" {
+		t.Errorf("Host %s in Standby, and the host has:\n%s", name, left)
+	}
+	if out, err := e.hostExec(d, m, "command -v kubeadm kubelet"); err != nil {
+		t.Errorf("Host %s in Standby lost its node software: %v: %s", name, err, out)
+	}
+	return took
 }
 
 // setMode changes a tenant's spec.mode.
@@ -130,11 +159,13 @@ func (w *writer) run(ctx context.Context) {
 }
 
 // testSwitchBothWays switches the shared tenant alpha from standalone to
-// registered on one joined control-plane Host and back, while a client
+// registered on one control-plane Host (in Standby, joined by the switch)
+// and back, while a client
 // polls /version and another writes and reads ConfigMaps through the
 // endpoint every 100 ms: no request fails, the endpoint, CA and exported
 // kubeconfig do not change, what was stored before is still there, and
-// afterwards nothing of the control plane is left on the host.
+// afterwards the host has left the tenant: no control-plane Node, process
+// or file.
 func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Host, hostName string) {
 	const name = "alpha"
 	ns := framework.TenantsNS
@@ -146,7 +177,11 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 	framework.Kubectl(t, kcBefore, "-n", "switch-e2e", "create", "configmap", "before-switch", "--from-literal=k=v")
 	t.Cleanup(func() { _, _ = framework.KubectlErr(kcBefore, "delete", "namespace", "switch-e2e", "--wait=false") })
 
+	cs := e.tenantClient(t, kcBefore)
+	// A control-plane Host of the standalone tenant: installed, not
+	// joined (StandaloneControlPlaneHostStandsBy made it one).
 	e.setHostRole(t, hostName, apiary.HostRoleControlPlane)
+	e.waitStandby(t, d, h, cs, hostName)
 	e.waitHostAdmitted(t, hostName, h.Address)
 	e.testSwitchCheckOnly(t, d, h, hostName)
 	restored := false
@@ -155,6 +190,7 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 			e.setMode(t, name, apiary.ModeStandalone)
 			e.waitMode(t, name, apiary.ModeStandalone, 6*time.Minute)
 			e.setHostRole(t, hostName, apiary.HostRoleWorker)
+			e.waitHostReady(t, hostName)
 		}
 	})
 
@@ -188,6 +224,19 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 		}
 		return nil
 	})
+	// The control plane's files on the host: root's alone.
+	defaulted := reg.DeepCopy()
+	defaulted.Default()
+	files, manifests := render.StaticPodPaths(render.Inputs{TCP: defaulted, Version: defaulted.Spec.Version})
+	if out, err := e.hostExec(d, h, "stat -c '%a %U %n' "+strings.Join(append(files, manifests...), " ")); err != nil {
+		t.Errorf("stat on the host: %v: %s", err, out)
+	} else {
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if !strings.HasPrefix(line, "600 root ") {
+				t.Errorf("on the host: %s, want 600 root", line)
+			}
+		}
+	}
 	time.Sleep(3 * time.Second)
 
 	// registered → standalone.
@@ -201,10 +250,9 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 	if len(back.Status.ControlPlaneHosts) != 1 || back.Status.ControlPlaneHosts[0].Step != apiary.HostStepStop || back.Status.ControlPlaneHosts[0].Result != "Succeeded" {
 		t.Errorf("status.controlPlaneHosts %+v, want %s stopped", back.Status.ControlPlaneHosts, hostName)
 	}
-	// Nothing of the control plane on the host.
-	if left := e.controlPlaneLeft(d, h); left != "" {
-		t.Errorf("after the switch back the host has:\n%s", left)
-	}
+	// Nothing of the control plane on the host, and no control-plane
+	// Node: the host left the tenant.
+	left := e.waitStandby(t, d, h, cs, hostName)
 	var slices discoveryv1.EndpointSliceList
 	if err := e.C.List(e.Ctx, &slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelManagedBy: render.EndpointSliceManager}); err != nil || len(slices.Items) != 0 {
 		t.Errorf("the operator's EndpointSlices left: %d (%v)", len(slices.Items), err)
@@ -220,15 +268,13 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 		t.Error("the exported kubeconfig changed")
 	}
 	framework.Kubectl(t, kcBefore, "-n", "switch-e2e", "get", "configmap", "before-switch")
-	t.Logf("FIGURE switch standalone→registered (1 control-plane host) in %s, registered→standalone in %s; %s",
-		toRegistered.Round(100*time.Millisecond), toStandalone.Round(100*time.Millisecond), figures)
+	t.Logf("FIGURE switch standalone→registered (1 control-plane host, joined first) in %s, registered→standalone in %s (host in Standby %s later); %s",
+		toRegistered.Round(100*time.Millisecond), toStandalone.Round(100*time.Millisecond), left.Round(100*time.Millisecond), figures)
 
+	// A worker again: it joins (the next tests run pods on it).
 	e.setHostRole(t, hostName, apiary.HostRoleWorker)
 	restored = true
-	// The host stays a joined Node of the tenant.
-	if out, err := framework.KubectlErr(kcBefore, "get", "node", hostName); err != nil {
-		t.Errorf("the host's Node after the switches: %v: %s", err, out)
-	}
+	e.waitHostReady(t, hostName)
 }
 
 func readFile(t *testing.T, path string) []byte {
@@ -254,8 +300,8 @@ func (e *env) switchCLI(args ...string) (string, error) {
 	return out.String() + errOut.String(), err
 }
 
-// testSwitchCheckOnly: "apiary switch --check-only" with the joined
-// control-plane host and two control-plane Hosts that cannot be used (one
+// testSwitchCheckOnly: "apiary switch --check-only" with the installed
+// control-plane host (Standby) and two control-plane Hosts that cannot be used (one
 // at a blackholed address, one refusing the tenant's SSH key) names both,
 // fails, passes every check of the good one, and changes nothing.
 func (e *env) testSwitchCheckOnly(t *testing.T, d *sshhost.Docker, h *sshhost.Host, hostName string) {
@@ -269,9 +315,10 @@ func (e *env) testSwitchCheckOnly(t *testing.T, d *sshhost.Docker, h *sshhost.Ho
 		}
 	}()
 	before := e.TCP(t, "alpha")
+	// A host in Standby has no /etc/kubernetes at all.
 	files := func() string {
-		out, err := d.Exec(e.Ctx, h.Name, "sh", "-c", "ls -la /etc/kubernetes /etc/kubernetes/manifests /etc/kubernetes/pki; pgrep -l -x 'kube-apiserver|proxy-server'")
-		if err != nil && !strings.Contains(out, "manifests") {
+		out, err := d.Exec(e.Ctx, h.Name, "sh", "-c", "ls -la --time-style=full-iso /etc/kubernetes /etc/kubernetes/manifests /etc/kubernetes/pki 2>&1; pgrep -l -x 'kube-apiserver|proxy-server|kubelet'; true")
+		if err != nil {
 			t.Fatalf("listing the host: %v: %s", err, out)
 		}
 		return out
@@ -286,6 +333,8 @@ func (e *env) testSwitchCheckOnly(t *testing.T, d *sshhost.Docker, h *sshhost.Ho
 	}
 	for _, want := range []string{
 		"✗ Host unreachable (", "✗ Host wrong-ssh-key (",
+		"✓ Host " + hostName + " (" + h.Address + "): node software installed",
+		"✗ Host wrong-ssh-key (",
 		"✓ Host " + hostName + " (" + h.Address + "): SSH with the pinned host key",
 		"✓ Host " + hostName + " (" + h.Address + "): control-plane ports free",
 		"✓ Host " + hostName + " (" + h.Address + "): reaches the DataStore with the tenant's etcd certificate",

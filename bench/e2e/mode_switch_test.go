@@ -40,7 +40,9 @@ func BenchmarkModeSwitch(b *testing.B) {
 	kc := e.ExportKubeconfig(b, tenant)
 	framework.Kubectl(b, kc, "apply", "-f", "../../hack/cni/kube-router.yaml")
 
-	// Two joined hosts, both control-plane; the first round uses one.
+	// Two hosts: a control-plane one (in Standby while the tenant is
+	// standalone) and a worker, which becomes the second control-plane
+	// one for the second round.
 	var names []string
 	for i := range 2 {
 		name := fmt.Sprintf("bench-cp-%d", i)
@@ -66,19 +68,27 @@ func BenchmarkModeSwitch(b *testing.B) {
 		}
 		names = append(names, name)
 	}
-	waitHosts := func() {
-		framework.Eventually(b, "hosts joined", 5*time.Minute, func() error {
+	// Settled while standalone: workers joined, control-plane Hosts
+	// installed but not joined (Standby).
+	waitHosts := func() time.Duration {
+		start := time.Now()
+		framework.Eventually(b, "hosts settled", 5*time.Minute, func() error {
 			for _, n := range names {
 				var h apiary.Host
 				if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: n}, &h); err != nil {
 					return err
 				}
-				if h.Status.Phase != apiary.HostPhaseReady {
-					return fmt.Errorf("%s phase %s", n, h.Status.Phase)
+				want := apiary.HostPhaseReady
+				if h.Spec.Role == apiary.HostRoleControlPlane {
+					want = apiary.HostPhaseStandby
+				}
+				if h.Status.Phase != want {
+					return fmt.Errorf("%s phase %s, want %s", n, h.Status.Phase, want)
 				}
 			}
 			return nil
 		})
+		return time.Since(start)
 	}
 	waitHosts()
 
@@ -167,7 +177,7 @@ func BenchmarkModeSwitch(b *testing.B) {
 			time.Sleep(2 * time.Second)
 			waitHosts()
 		}
-		var to, back, gaps []time.Duration
+		var to, back, left, gaps []time.Duration
 		var starts []time.Duration
 		failed := 0
 		for range switchRounds {
@@ -175,10 +185,13 @@ func BenchmarkModeSwitch(b *testing.B) {
 			to, gaps, starts, failed = append(to, r.took), append(gaps, r.gap), append(starts, r.hostStart...), failed+r.failed
 			r = switchTo(apiary.ModeStandalone)
 			back, gaps, failed = append(back, r.took), append(gaps, r.gap), failed+r.failed
+			// The hosts leave the tenant after the switch: the next
+			// round starts from Standby, as a real one does.
+			left = append(left, waitHosts())
 		}
-		b.Logf("%d control-plane host(s), %d rounds: standalone→registered p50 %s (all %s); registered→standalone p50 %s (all %s); "+
+		b.Logf("%d control-plane host(s), %d rounds: standalone→registered (joins included) p50 %s (all %s); registered→standalone p50 %s (all %s), hosts in Standby after it p50 %s (all %s); "+
 			"per host start (write → /readyz) p50 %s (all %s); longest gap between successful GET /version (every 100 ms) %s (all %s); failed requests %d",
-			n, switchRounds, p50d(to), list(to), p50d(back), list(back), p50d(starts), list(starts), slices.Max(gaps).Round(10*time.Millisecond), list(gaps), failed)
+			n, switchRounds, p50d(to), list(to), p50d(back), list(back), p50d(left), list(left), p50d(starts), list(starts), slices.Max(gaps).Round(10*time.Millisecond), list(gaps), failed)
 		b.ReportMetric(p50d(to).Seconds(), fmt.Sprintf("s-to-registered-%dhost-p50", n))
 		b.ReportMetric(p50d(back).Seconds(), fmt.Sprintf("s-to-standalone-%dhost-p50", n))
 	}
