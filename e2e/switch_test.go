@@ -159,8 +159,8 @@ func (w *writer) run(ctx context.Context) {
 }
 
 // testSwitchBothWays switches the shared tenant alpha from standalone to
-// registered on one control-plane Host (in Standby, joined by the switch)
-// and back, while a client
+// registered on one control-plane Host (in Standby, joined by the switch),
+// first reversed mid-way and then through, and back, while a client
 // polls /version and another writes and reads ConfigMaps through the
 // endpoint every 100 ms: no request fails, the endpoint, CA and exported
 // kubeconfig do not change, what was stored before is still there, and
@@ -196,8 +196,35 @@ func (e *env) testSwitchBothWays(t *testing.T, d *sshhost.Docker, h *sshhost.Hos
 
 	c := e.startClients(t, name, "switch-e2e")
 
-	// standalone → registered.
+	// Reversed mid-way: spec.mode goes back to standalone while the host
+	// starts (joined, its start step running). The switch turns round from
+	// where it is: the host is stopped instead, status.mode never leaves
+	// standalone, and the host leaves the tenant again.
+	e.setMode(t, name, apiary.ModeRegistered)
+	framework.Eventually(t, "Host "+hostName+" starting", 4*time.Minute, func() error {
+		tcp := e.TCP(t, name)
+		for _, h := range tcp.Status.ControlPlaneHosts {
+			if h.Host == hostName && h.Step == apiary.HostStepStart && h.Result == "Running" {
+				return nil
+			}
+		}
+		return fmt.Errorf("status.controlPlaneHosts %+v", tcp.Status.ControlPlaneHosts)
+	})
 	start := time.Now()
+	e.setMode(t, name, apiary.ModeStandalone)
+	rev := e.waitMode(t, name, apiary.ModeStandalone, 6*time.Minute)
+	reversed := time.Since(start)
+	if sw := rev.Status.ModeSwitch; sw == nil || sw.Reversed != 1 || sw.From != apiary.ModeStandalone || sw.Target != apiary.ModeStandalone {
+		t.Errorf("after the reversal status.modeSwitch %+v, want from and to standalone, reversed once", sw)
+	}
+	if len(rev.Status.ControlPlaneHosts) != 1 || rev.Status.ControlPlaneHosts[0].Step != apiary.HostStepStop || rev.Status.ControlPlaneHosts[0].Result != "Succeeded" {
+		t.Errorf("after the reversal status.controlPlaneHosts %+v, want %s stopped", rev.Status.ControlPlaneHosts, hostName)
+	}
+	e.waitStandby(t, d, h, cs, hostName)
+	t.Logf("FIGURE switch to registered reversed while the host started: back in standalone %s later", reversed.Round(100*time.Millisecond))
+
+	// standalone → registered.
+	start = time.Now()
 	e.setMode(t, name, apiary.ModeRegistered)
 	reg := e.waitMode(t, name, apiary.ModeRegistered, 8*time.Minute)
 	toRegistered := time.Since(start)

@@ -30,8 +30,9 @@ const switchRounds = 3
 // while a client sends GET /version through the endpoint every 100 ms on a
 // new connection: each switch's duration (spec.mode set → ModeSwitched True
 // with the mode in effect), the longest time without a successful request,
-// failed requests, and per host the start step (files written → its
-// kube-apiserver answering /readyz, from the journal).
+// failed requests, and per host, from the journals: install (once), the
+// join each switch to registered starts with, and the start step (files
+// written → its kube-apiserver answering /readyz).
 func BenchmarkModeSwitch(b *testing.B) {
 	e := framework.Setup(b)
 	d, image := hostDocker(b, e, "apiary-bench-switch", "172.31.252.0/24")
@@ -91,6 +92,7 @@ func BenchmarkModeSwitch(b *testing.B) {
 		return time.Since(start)
 	}
 	waitHosts()
+	b.Logf("per host install (node bundle copied and installed, once per Host): %s", list(journalSteps(b, e, names, "install", time.Time{})))
 
 	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
 	if err != nil {
@@ -100,12 +102,13 @@ func BenchmarkModeSwitch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
 
 	type result struct {
 		took, gap time.Duration
 		failed    int
 		hostStart []time.Duration
+		hostJoin  []time.Duration
 	}
 	switchTo := func(mode apiary.Mode) result {
 		ctx, cancel := context.WithCancel(e.Ctx)
@@ -161,6 +164,11 @@ func BenchmarkModeSwitch(b *testing.B) {
 				r.hostStart = append(r.hostStart, h.Finished.Sub(h.Started.Time))
 			}
 		}
+		if mode == apiary.ModeRegistered {
+			// Each control-plane Host joins when the switch starts: its
+			// journal's join step (kubeadm join), then its Node Ready.
+			r.hostJoin = journalSteps(b, e, names, "join", start)
+		}
 		return r
 	}
 
@@ -178,11 +186,12 @@ func BenchmarkModeSwitch(b *testing.B) {
 			waitHosts()
 		}
 		var to, back, left, gaps []time.Duration
-		var starts []time.Duration
+		var starts, joins []time.Duration
 		failed := 0
 		for range switchRounds {
 			r := switchTo(apiary.ModeRegistered)
 			to, gaps, starts, failed = append(to, r.took), append(gaps, r.gap), append(starts, r.hostStart...), failed+r.failed
+			joins = append(joins, r.hostJoin...)
 			r = switchTo(apiary.ModeStandalone)
 			back, gaps, failed = append(back, r.took), append(gaps, r.gap), failed+r.failed
 			// The hosts leave the tenant after the switch: the next
@@ -190,11 +199,31 @@ func BenchmarkModeSwitch(b *testing.B) {
 			left = append(left, waitHosts())
 		}
 		b.Logf("%d control-plane host(s), %d rounds: standalone→registered (joins included) p50 %s (all %s); registered→standalone p50 %s (all %s), hosts in Standby after it p50 %s (all %s); "+
-			"per host start (write → /readyz) p50 %s (all %s); longest gap between successful GET /version (every 100 ms) %s (all %s); failed requests %d",
-			n, switchRounds, p50d(to), list(to), p50d(back), list(back), p50d(left), list(left), p50d(starts), list(starts), slices.Max(gaps).Round(10*time.Millisecond), list(gaps), failed)
+			"per host join (kubeadm join) p50 %s (all %s), start (write → /readyz) p50 %s (all %s); longest gap between successful GET /version (every 100 ms) %s (all %s); failed requests %d",
+			n, switchRounds, p50d(to), list(to), p50d(back), list(back), p50d(left), list(left), p50d(joins), list(joins), p50d(starts), list(starts),
+			slices.Max(gaps).Round(10*time.Millisecond), list(gaps), failed)
 		b.ReportMetric(p50d(to).Seconds(), fmt.Sprintf("s-to-registered-%dhost-p50", n))
 		b.ReportMetric(p50d(back).Seconds(), fmt.Sprintf("s-to-standalone-%dhost-p50", n))
 	}
+}
+
+// journalSteps are the durations of the named Hosts' journal step name
+// that started after since.
+func journalSteps(b *testing.B, e *framework.Env, names []string, name string, since time.Time) []time.Duration {
+	b.Helper()
+	var out []time.Duration
+	for _, n := range names {
+		var h apiary.Host
+		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: n}, &h); err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range h.Status.Journal {
+			if s.Name == name && s.Finished != nil && !s.Started.Time.Before(since.Add(-time.Second)) {
+				out = append(out, s.Finished.Sub(s.Started.Time))
+			}
+		}
+	}
+	return out
 }
 
 func p50d(v []time.Duration) time.Duration {
