@@ -41,15 +41,22 @@ const (
 // joinWanted says whether the Host should be a Node of its tenant, and
 // when not, why. A worker always; a control-plane Host while its tenant
 // targets registered or still runs its control plane there (a switch back
-// stops it first). A missing or deleted tenant changes nothing here: the
-// join step reports the first, the tenant's finalizer handles the second.
+// stops it first). A missing tenant changes nothing here (the join step
+// reports it). A tenant being deleted gets no new control-plane Node, and
+// keeps those it has: its finalizer takes its control plane off them.
 func (r *HostReconciler) joinWanted(ctx context.Context, h *apiary.Host) (bool, string) {
 	if h.Spec.Role != apiary.HostRoleControlPlane {
 		return true, ""
 	}
 	var tcp apiary.TenantControlPlane
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil || !tcp.DeletionTimestamp.IsZero() {
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil {
 		return true, ""
+	}
+	if !tcp.DeletionTimestamp.IsZero() {
+		if journalStep(&h.Status, StepJoin) != nil {
+			return true, ""
+		}
+		return false, fmt.Sprintf("role control-plane and tenant %s is being deleted: installed, not joined", tcp.Name)
 	}
 	tcp.Default()
 	if tcp.Spec.Mode == apiary.ModeRegistered || slices.Contains(controlPlaneOn(&tcp), h.Name) {

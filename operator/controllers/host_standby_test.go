@@ -22,7 +22,11 @@ func TestJoinWanted(t *testing.T) {
 		return &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "t", Name: name},
 			Spec: apiary.TenantControlPlaneSpec{Mode: mode}, Status: apiary.TenantControlPlaneStatus{ControlPlaneHosts: cp}}
 	}
+	deleting := tenant("deleting", apiary.ModeRegistered)
+	now := metav1.Now()
+	deleting.DeletionTimestamp, deleting.Finalizers = &now, []string{"apiary.dev/test"}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		deleting,
 		tenant("standalone", ""),
 		tenant("registered", apiary.ModeRegistered),
 		tenant("going-back", apiary.ModeStandalone, apiary.ControlPlaneHostStatus{Host: "h", Step: apiary.HostStepStart, Result: StepSucceeded}),
@@ -34,21 +38,27 @@ func TestJoinWanted(t *testing.T) {
 	for _, tc := range []struct {
 		tenant string
 		role   apiary.HostRole
+		joined bool
 		want   bool
 	}{
-		{"standalone", apiary.HostRoleWorker, true},
-		{"standalone", apiary.HostRoleControlPlane, false},
-		{"registered", apiary.HostRoleControlPlane, true},
-		{"going-back", apiary.HostRoleControlPlane, true},
-		{"stop-failed", apiary.HostRoleControlPlane, true},
-		{"stopped", apiary.HostRoleControlPlane, false},
-		{"missing", apiary.HostRoleControlPlane, true},
+		{"deleting", apiary.HostRoleControlPlane, false, false},
+		{"deleting", apiary.HostRoleControlPlane, true, true},
+		{"standalone", apiary.HostRoleWorker, false, true},
+		{"standalone", apiary.HostRoleControlPlane, false, false},
+		{"registered", apiary.HostRoleControlPlane, false, true},
+		{"going-back", apiary.HostRoleControlPlane, false, true},
+		{"stop-failed", apiary.HostRoleControlPlane, false, true},
+		{"stopped", apiary.HostRoleControlPlane, false, false},
+		{"missing", apiary.HostRoleControlPlane, false, true},
 	} {
 		h := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: "t", Name: "h"},
 			Spec: apiary.HostSpec{TenantControlPlane: tc.tenant, Role: tc.role}}
+		if tc.joined {
+			h.Status.Journal = []apiary.HostStep{{Name: StepJoin, Result: StepSucceeded}}
+		}
 		got, why := r.joinWanted(t.Context(), h)
 		if got != tc.want || got != (why == "") {
-			t.Errorf("%s, %s: joinWanted %v (%q), want %v", tc.tenant, tc.role, got, why, tc.want)
+			t.Errorf("%s, %s, joined %v: joinWanted %v (%q), want %v", tc.tenant, tc.role, tc.joined, got, why, tc.want)
 		}
 	}
 }
