@@ -31,9 +31,12 @@ const (
 	CAValidity = 10 * 365 * 24 * time.Hour
 	// LeafValidity is how long serving and client certificates are valid.
 	LeafValidity = 365 * 24 * time.Hour
-	// RenewBefore is the remaining lifetime under which a certificate is
-	// re-issued by Ensure.
+	// RenewBefore is the default remaining lifetime under which a
+	// certificate is due for renewal (Request.RenewBefore overrides it for
+	// leaves).
 	RenewBefore = 30 * 24 * time.Hour
+	// maxRenewWindow bounds the renewal window (see RenewAt).
+	maxRenewWindow = time.Hour
 
 	// clockSkew backdates NotBefore so that a certificate issued here is
 	// already valid on a peer whose clock is slightly behind.
@@ -64,8 +67,36 @@ type Request struct {
 	IPs          []net.IP
 	// Usages are the extended key usages: x509.ExtKeyUsageServerAuth,
 	// x509.ExtKeyUsageClientAuth or both.
-	Usages   []x509.ExtKeyUsage
+	Usages []x509.ExtKeyUsage
+	// Validity of the certificate when issued; zero: LeafValidity.
 	Validity time.Duration
+	// RenewBefore: the certificate is due for renewal once less than this
+	// remains (see RenewAt); zero: RenewBefore.
+	RenewBefore time.Duration
+}
+
+func (req Request) validity() time.Duration {
+	if req.Validity > 0 {
+		return req.Validity
+	}
+	return LeafValidity
+}
+
+func (req Request) renewBefore() time.Duration {
+	if req.RenewBefore > 0 {
+		return req.RenewBefore
+	}
+	return RenewBefore
+}
+
+// RenewAt is when a certificate issued for req is due for renewal:
+// RenewBefore ahead of its expiry, less a window of a twentieth of the
+// validity (an hour at most). The window makes certificates issued moments
+// apart due in the same pass, so that their consumers restart once, not once
+// per certificate.
+func RenewAt(cert *x509.Certificate, req Request) time.Time {
+	window := min(req.validity()/20, maxRenewWindow)
+	return cert.NotAfter.Add(-req.renewBefore() - window)
 }
 
 func newKey() (*ecdsa.PrivateKey, error) {
@@ -99,10 +130,7 @@ func (ca *KeyPair) Sign(req Request) (*KeyPair, error) {
 	if len(req.Usages) == 0 {
 		return nil, fmt.Errorf("certificate request %q without extended key usages", req.CommonName)
 	}
-	validity := req.Validity
-	if validity == 0 {
-		validity = LeafValidity
-	}
+	validity := req.validity()
 	key, err := newKey()
 	if err != nil {
 		return nil, err
@@ -178,8 +206,14 @@ func Problem(cert *x509.Certificate, ca *x509.Certificate, req Request, now time
 	if err := cert.CheckSignatureFrom(ca); err != nil {
 		return "not signed by the current CA"
 	}
-	if remaining := cert.NotAfter.Sub(now); remaining < RenewBefore {
-		return fmt.Sprintf("expires %s (less than %s left)", cert.NotAfter.UTC().Format(time.RFC3339), RenewBefore)
+	if !now.Before(RenewAt(cert, req)) {
+		return fmt.Sprintf("due for renewal: expires %s, renewed %s before", cert.NotAfter.UTC().Format(time.RFC3339), req.renewBefore())
+	}
+	// Issued for longer than asked (the validity was shortened since): a
+	// certificate that outlives the setting is what the setting exists to
+	// prevent. A longer validity waits for the next renewal.
+	if lifetime := cert.NotAfter.Sub(cert.NotBefore) - clockSkew; lifetime > req.validity()+time.Minute {
+		return fmt.Sprintf("valid for %s, longer than the %s asked for", lifetime.Round(time.Second), req.validity())
 	}
 	if cert.Subject.CommonName != req.CommonName {
 		return fmt.Sprintf("common name is %q, want %q", cert.Subject.CommonName, req.CommonName)

@@ -335,6 +335,33 @@ func TestSignValidity(t *testing.T) {
 	}
 }
 
+func TestRenewAt(t *testing.T) {
+	ca := newTestCA(t, "ca")
+	for _, tt := range []struct {
+		validity, renewBefore time.Duration
+		before                time.Duration // RenewAt is this long before NotAfter
+	}{
+		{0, 0, RenewBefore + time.Hour}, // a year: window capped at an hour
+		{4 * time.Minute, 0, 0},         // renewBefore longer than the life: due at once (see below)
+		{10 * time.Minute, 4 * time.Minute, 4*time.Minute + 30*time.Second},
+		{20 * time.Hour, 5 * time.Hour, 6 * time.Hour},
+	} {
+		req := clientRequest()
+		req.Validity, req.RenewBefore = tt.validity, tt.renewBefore
+		kp := sign(t, ca, req)
+		got := kp.Cert.NotAfter.Sub(RenewAt(kp.Cert, req))
+		if tt.before == 0 {
+			if !RenewAt(kp.Cert, req).Before(time.Now()) {
+				t.Errorf("validity %s with the default renewBefore: RenewAt %s not yet due", tt.validity, RenewAt(kp.Cert, req))
+			}
+			continue
+		}
+		if got != tt.before {
+			t.Errorf("validity %s renewBefore %s: RenewAt %s before NotAfter, want %s", tt.validity, tt.renewBefore, got, tt.before)
+		}
+	}
+}
+
 func TestSignSerialNumbers(t *testing.T) {
 	ca := newTestCA(t, "ca")
 	seen := map[string]bool{}
@@ -489,10 +516,17 @@ func TestProblem(t *testing.T) {
 		{name: "IPv4 given as 16-byte IP", cert: cert, ca: ca.Cert, req: with(func(r *Request) {
 			r.IPs = []net.IP{net.ParseIP("10.96.0.1").To16()}
 		}), now: now},
-		{name: "renewal threshold not reached", cert: cert, ca: ca.Cert, req: req, now: cert.NotAfter.Add(-RenewBefore - time.Hour)},
+		{name: "renewal threshold not reached", cert: cert, ca: ca.Cert, req: req, now: RenewAt(cert, req).Add(-time.Second)},
+		{name: "renewal window of an hour for a year", cert: cert, ca: ca.Cert, req: req, now: cert.NotAfter.Add(-RenewBefore - time.Hour),
+			want: []string{"due for renewal", "renewed 720h0m0s before"}},
+		{name: "renewBefore of the request", cert: cert, ca: ca.Cert, req: with(func(r *Request) { r.RenewBefore = 100 * 24 * time.Hour }),
+			now: cert.NotAfter.Add(-99 * 24 * time.Hour), want: []string{"due for renewal", "renewed 2400h0m0s before"}},
+		{name: "validity shortened", cert: cert, ca: ca.Cert, req: with(func(r *Request) { r.Validity = 10 * time.Minute }), now: now,
+			want: []string{"valid for 8760h0m0s, longer than the 10m0s asked for"}},
+		{name: "validity lengthened waits for the renewal", cert: cert, ca: ca.Cert, req: with(func(r *Request) { r.Validity = 2 * LeafValidity }), now: now},
 		{name: "other CA", cert: cert, ca: otherCA.Cert, req: req, now: now, want: []string{"not signed by the current CA"}},
 		{name: "expiring soon", cert: cert, ca: ca.Cert, req: req, now: cert.NotAfter.Add(-24 * time.Hour),
-			want: []string{"expires", cert.NotAfter.UTC().Format(time.RFC3339), "less than"}},
+			want: []string{"due for renewal", "expires " + cert.NotAfter.UTC().Format(time.RFC3339)}},
 		{name: "expired", cert: cert, ca: ca.Cert, req: req, now: cert.NotAfter.Add(time.Hour), want: []string{"expires"}},
 		{name: "CN mismatch", cert: cert, ca: ca.Cert, req: with(func(r *Request) { r.CommonName = "kube-apiserver-2" }), now: now,
 			want: []string{"common name", `"kube-apiserver"`, `"kube-apiserver-2"`}},
