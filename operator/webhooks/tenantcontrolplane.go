@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -185,8 +186,39 @@ func Validate(tcp *apiary.TenantControlPlane) field.ErrorList {
 		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must be between 1 and 7"))
 	}
 	errs = append(errs, validateNetwork(spec.Child("network"), s.Network)...)
+	errs = append(errs, validateCertificates(spec.Child("certificates"), s.Certificates)...)
 	for _, c := range render.Components {
 		errs = append(errs, validateExtraArgs(spec.Child(string(c), "extraArgs"), c, render.ExtraArgs(c, &s))...)
+	}
+	return errs
+}
+
+// Bounds of spec.certificates. A validity of minutes is for tests and
+// demonstrations; renewal at half the lifetime at the latest leaves the
+// control plane time to roll before the old certificates expire.
+const (
+	minCertificateValidity    = 2 * time.Minute
+	maxCertificateValidity    = 10 * 365 * 24 * time.Hour
+	minCertificateRenewBefore = time.Minute
+)
+
+func validateCertificates(p *field.Path, c apiary.CertificatesSpec) field.ErrorList {
+	var errs field.ErrorList
+	if c.Validity != nil {
+		if v := c.Validity.Duration; v < minCertificateValidity || v > maxCertificateValidity {
+			errs = append(errs, field.Invalid(p.Child("validity"), c.Validity.Duration.String(),
+				fmt.Sprintf("must be between %s and %s", minCertificateValidity, maxCertificateValidity)))
+		}
+	}
+	if c.RenewBefore != nil {
+		r := c.RenewBefore.Duration
+		switch {
+		case r < minCertificateRenewBefore:
+			errs = append(errs, field.Invalid(p.Child("renewBefore"), r.String(), fmt.Sprintf("must be at least %s", minCertificateRenewBefore)))
+		case c.Validity != nil && 2*r > c.Validity.Duration:
+			errs = append(errs, field.Invalid(p.Child("renewBefore"), r.String(),
+				fmt.Sprintf("must be at most half of spec.certificates.validity (%s)", c.Validity.Duration)))
+		}
 	}
 	return errs
 }

@@ -167,6 +167,22 @@ func TestValidate(t *testing.T) {
 		{"replicas negative", with(func(t *apiary.TenantControlPlane) { t.Spec.Replicas = ptr.To[int32](-1) }),
 			[]want{inv("spec.replicas", "must be between 1 and 7")}},
 
+		// spec.certificates
+		{"certificates of minutes", with(func(t *apiary.TenantControlPlane) {
+			t.Spec.Certificates = apiary.CertificatesSpec{Validity: &metav1.Duration{Duration: 2 * time.Minute}, RenewBefore: &metav1.Duration{Duration: time.Minute}}
+		}), nil},
+		{"certificates of ten years", with(func(t *apiary.TenantControlPlane) { t.Spec.Certificates.Validity.Duration = 87600 * time.Hour }), nil},
+		{"certificates validity too short", with(func(t *apiary.TenantControlPlane) {
+			t.Spec.Certificates = apiary.CertificatesSpec{Validity: &metav1.Duration{Duration: 119 * time.Second}, RenewBefore: &metav1.Duration{Duration: time.Minute}}
+		}), []want{inv("spec.certificates.validity", "must be between 2m0s and 87600h0m0s"), inv("spec.certificates.renewBefore", "must be at most half")}},
+		{"certificates validity too long", with(func(t *apiary.TenantControlPlane) { t.Spec.Certificates.Validity.Duration = 87601 * time.Hour }),
+			[]want{inv("spec.certificates.validity", "must be between 2m0s and 87600h0m0s")}},
+		{"certificates renewBefore too short", with(func(t *apiary.TenantControlPlane) { t.Spec.Certificates.RenewBefore.Duration = 59 * time.Second }),
+			[]want{inv("spec.certificates.renewBefore", "must be at least 1m0s")}},
+		{"certificates renewBefore over half the validity", with(func(t *apiary.TenantControlPlane) {
+			t.Spec.Certificates = apiary.CertificatesSpec{Validity: &metav1.Duration{Duration: 10 * time.Minute}, RenewBefore: &metav1.Duration{Duration: 301 * time.Second}}
+		}), []want{inv("spec.certificates.renewBefore", "must be at most half of spec.certificates.validity (10m0s)")}},
+
 		// spec.network.serviceType
 		{"serviceType NodePort", with(func(t *apiary.TenantControlPlane) { t.Spec.Network.ServiceType = "NodePort" }), nil},
 		{"serviceType ClusterIP", with(func(t *apiary.TenantControlPlane) { t.Spec.Network.ServiceType = "ClusterIP" }), nil},

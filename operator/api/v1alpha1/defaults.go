@@ -2,8 +2,10 @@ package v1alpha1
 
 import (
 	"net/netip"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
 
@@ -17,6 +19,11 @@ const (
 	DefaultPodCIDR       = "10.244.0.0/16"
 	DefaultServiceCIDR   = "10.96.0.0/16"
 	DefaultClusterDomain = "cluster.local"
+	// DefaultCertificateValidity is kubeadm's lifetime of leaf certificates.
+	DefaultCertificateValidity = 365 * 24 * time.Hour
+	// DefaultCertificateRenewBefore is kubeadm's warning threshold
+	// ("kubeadm certs check-expiration"): a month to notice a failure.
+	DefaultCertificateRenewBefore = 30 * 24 * time.Hour
 	// dnsServiceIPOffset is the position of the cluster DNS Service IP in the
 	// Service CIDR, as kubeadm does (10.96.0.10).
 	dnsServiceIPOffset = 10
@@ -54,6 +61,13 @@ func (t *TenantControlPlane) Default() {
 	}
 	if n.ClusterDomain == "" {
 		n.ClusterDomain = DefaultClusterDomain
+	}
+	c := &s.Certificates
+	if c.Validity == nil {
+		c.Validity = &metav1.Duration{Duration: DefaultCertificateValidity}
+	}
+	if c.RenewBefore == nil {
+		c.RenewBefore = &metav1.Duration{Duration: DefaultCertificateRenewBefore}
 	}
 	for _, a := range []*AddonSpec{&s.Addons.CoreDNS, &s.Addons.KubeProxy, &s.Addons.Konnectivity} {
 		if a.Enabled == nil {

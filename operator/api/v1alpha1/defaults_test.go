@@ -4,8 +4,10 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
 
@@ -28,6 +30,10 @@ func TestDefaultFillsEverything(t *testing.T) {
 			CoreDNS:      AddonSpec{Enabled: ptr.To(true)},
 			KubeProxy:    AddonSpec{Enabled: ptr.To(true)},
 			Konnectivity: AddonSpec{Enabled: ptr.To(true)},
+		},
+		Certificates: CertificatesSpec{
+			Validity:    &metav1.Duration{Duration: 8760 * time.Hour},
+			RenewBefore: &metav1.Duration{Duration: 720 * time.Hour},
 		},
 	}
 	if !reflect.DeepEqual(tcp.Spec, want) {
@@ -54,7 +60,8 @@ func TestDefaultFillsEverything(t *testing.T) {
 	other.Default()
 	*other.Spec.Replicas = 5
 	*other.Spec.Addons.CoreDNS.Enabled = false
-	if *tcp.Spec.Replicas != DefaultReplicas || !*tcp.Spec.Addons.CoreDNS.Enabled {
+	other.Spec.Certificates.Validity.Duration = time.Hour
+	if *tcp.Spec.Replicas != DefaultReplicas || !*tcp.Spec.Addons.CoreDNS.Enabled || tcp.Spec.Certificates.Validity.Duration != DefaultCertificateValidity {
 		t.Error("Default() shares pointers between objects")
 	}
 }
@@ -80,6 +87,10 @@ func TestDefaultKeepsSetFields(t *testing.T) {
 			CoreDNS:      AddonSpec{Enabled: ptr.To(false)},
 			KubeProxy:    AddonSpec{Enabled: ptr.To(false)},
 			Konnectivity: AddonSpec{Enabled: ptr.To(false)},
+		},
+		Certificates: CertificatesSpec{
+			Validity:    &metav1.Duration{Duration: 10 * time.Minute},
+			RenewBefore: &metav1.Duration{Duration: 4 * time.Minute},
 		},
 	}
 	tcp := &TenantControlPlane{Spec: *spec.DeepCopy()}

@@ -120,6 +120,28 @@ type TenantControlPlaneSpec struct {
 	Scheduler ComponentSpec `json:"scheduler,omitempty"`
 	// +optional
 	Addons AddonsSpec `json:"addons,omitempty"`
+	// Certificates: how long the tenant's certificates are valid and when
+	// they are renewed.
+	// +optional
+	Certificates CertificatesSpec `json:"certificates,omitempty"`
+}
+
+// CertificatesSpec sets the lifetime of the tenant's leaf certificates
+// (serving, client and kubeconfig certificates, and its DataStore client
+// certificate). Certificate authorities are not affected.
+type CertificatesSpec struct {
+	// Validity of a leaf certificate when issued (default 8760h, one year,
+	// as kubeadm). Between 2m and 87600h (minutes are for tests). Shortening it re-issues the
+	// certificates that live longer; lengthening it applies at their next
+	// renewal.
+	// +optional
+	Validity *metav1.Duration `json:"validity,omitempty"`
+	// RenewBefore: a certificate is re-issued once less than this remains
+	// of it (default 720h, 30 days), whether or not anything else changes.
+	// At least 1m and at most half the validity. Certificates issued
+	// together are renewed together, so the control plane rolls once.
+	// +optional
+	RenewBefore *metav1.Duration `json:"renewBefore,omitempty"`
 }
 
 // DataStoreBinding records where a tenant's state lives.
@@ -156,6 +178,10 @@ type CertificateStatus struct {
 	Secret string `json:"secret"`
 	// NotAfter is when it expires.
 	NotAfter metav1.Time `json:"notAfter"`
+	// RenewAt is when it is re-issued (certificate authorities: empty,
+	// they are not renewed on a timer).
+	// +optional
+	RenewAt *metav1.Time `json:"renewAt,omitempty"`
 }
 
 // TenantControlPlaneStatus is the observed state of a tenant control plane.
