@@ -126,6 +126,7 @@ func TestOperator(t *testing.T) {
 	t.Run("ValidationOnCreate", s.testValidationOnCreate)
 	t.Run("ValidationOnUpdate", s.testValidationOnUpdate)
 	t.Run("Provisions", s.testProvisions)
+	t.Run("CertificateLifetimeFollowsTheSpec", s.testCertificateLifetime)
 	t.Run("ReadyTenantServesFromRestrictedEtcdUserAndIsQuiet", s.testReadyTenant)
 	t.Run("QuotaRefusesWritesInTheTenant", s.testQuota)
 	t.Run("AdmissionChecksTheAuthor", s.testAdmissionChecksTheAuthor)
@@ -550,6 +551,105 @@ func (s *suite) testProvisions(t *testing.T) {
 	if scale.Status.Selector != "apiary.dev/tenant=alpha,app.kubernetes.io/component=control-plane" {
 		t.Errorf("scale selector %q", scale.Status.Selector)
 	}
+}
+
+// testCertificateLifetime: status.certificates says when each leaf is
+// renewed (CAs are not on a timer); shortening spec.certificates.validity
+// re-issues every leaf at once, in one roll of the control plane, and keeps
+// the CAs; going back to the defaults re-issues them for a year.
+func (s *suite) testCertificateLifetime(t *testing.T) {
+	const name = "alpha"
+	checkStatus := func(validity, renewBefore time.Duration) error {
+		tcp := s.getTCP(name)
+		if len(tcp.Status.Certificates) == 0 {
+			return errors.New("no status.certificates")
+		}
+		window := min(validity/20, time.Hour)
+		for _, c := range tcp.Status.Certificates {
+			isCA := c.Name == string(render.SecretCA) || c.Name == string(render.SecretFrontProxyCA)
+			switch {
+			case isCA && c.RenewAt != nil:
+				return fmt.Errorf("CA %s has renewAt %s", c.Name, c.RenewAt)
+			case isCA:
+			case c.RenewAt == nil:
+				return fmt.Errorf("%s has no renewAt", c.Name)
+			case c.NotAfter.Sub(c.RenewAt.Time) != renewBefore+window:
+				return fmt.Errorf("%s renewAt %s is %s before notAfter %s, want %s", c.Name, c.RenewAt, c.NotAfter.Sub(c.RenewAt.Time), c.NotAfter, renewBefore+window)
+			case time.Until(c.NotAfter.Time) > validity:
+				return fmt.Errorf("%s notAfter %s is more than %s away", c.Name, c.NotAfter, validity)
+			}
+		}
+		return nil
+	}
+	if err := checkStatus(apiary.DefaultCertificateValidity, apiary.DefaultCertificateRenewBefore); err != nil {
+		t.Fatal(err)
+	}
+	hashAndGeneration := func() (string, int64) {
+		var dep appsv1.Deployment
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: tenantsNS, Name: name}, &dep))
+		return dep.Spec.Template.Annotations[render.AnnotationConfigHash], dep.Generation
+	}
+	before, err := s.secretsOf(name)
+	s.must(err)
+	hash, generation := hashAndGeneration()
+
+	s.must(s.updateTCP(name, func(tcp *apiary.TenantControlPlane) {
+		tcp.Spec.Certificates = apiary.CertificatesSpec{Validity: &metav1.Duration{Duration: 2 * time.Minute}, RenewBefore: &metav1.Duration{Duration: time.Minute}}
+	}))
+	eventually(t, "leaves re-issued for 2m", 30*time.Second, func() error { return checkStatus(2*time.Minute, time.Minute) })
+	after, err := s.secretsOf(name)
+	s.must(err)
+	for _, kind := range []render.SecretKind{render.SecretCA, render.SecretFrontProxyCA, render.SecretServiceAccount} {
+		if !maps.EqualFunc(before[kind].Data, after[kind].Data, bytes.Equal) {
+			t.Errorf("Secret %s changed with the leaves' validity", kind)
+		}
+	}
+	serving, err := pki.ParseKeyPair(after[render.SecretAPIServer].Data["tls.crt"], after[render.SecretAPIServer].Data["tls.key"])
+	s.must(err)
+	// NotBefore is backdated five minutes for peers whose clock is behind.
+	if life := serving.Cert.NotAfter.Sub(serving.Cert.NotBefore); life != 7*time.Minute {
+		t.Errorf("serving certificate valid from %s to %s (%s), want 2m after 5m backdating", serving.Cert.NotBefore, serving.Cert.NotAfter, life)
+	}
+	eventually(t, "one roll of the Deployment", 10*time.Second, func() error {
+		if h, g := hashAndGeneration(); h == hash || g != generation+1 {
+			return fmt.Errorf("Deployment generation %d → %d, hash changed: %t; want one new generation with a new hash", generation, g, h != hash)
+		}
+		return nil
+	})
+	if !s.hasEventMessage(t, name, controllers.ReasonIssued, "longer than the 2m0s asked for") {
+		t.Error("no Issued event saying why the certificates were re-issued")
+	}
+
+	// Back to the defaults: the short-lived leaves are due at once.
+	s.must(s.updateTCP(name, func(tcp *apiary.TenantControlPlane) { tcp.Spec.Certificates = apiary.CertificatesSpec{} }))
+	eventually(t, "leaves re-issued for a year", 30*time.Second, func() error {
+		if err := checkStatus(apiary.DefaultCertificateValidity, apiary.DefaultCertificateRenewBefore); err != nil {
+			return err
+		}
+		for _, c := range s.getTCP(name).Status.Certificates {
+			if time.Until(c.NotAfter.Time) < 300*24*time.Hour {
+				return fmt.Errorf("%s expires %s", c.Name, c.NotAfter)
+			}
+		}
+		return nil
+	})
+	if !s.hasEventMessage(t, name, controllers.ReasonIssued, "due for renewal") {
+		t.Error("no Issued event saying the certificates were due for renewal")
+	}
+}
+
+// hasEventMessage reports an event about regarding with the reason and a
+// note containing text.
+func (s *suite) hasEventMessage(t *testing.T, regarding, reason, text string) bool {
+	t.Helper()
+	var list eventsv1.EventList
+	s.must(s.c.List(s.ctx, &list, client.InNamespace(tenantsNS)))
+	for _, e := range list.Items {
+		if e.Regarding.Name == regarding && e.Reason == reason && strings.Contains(e.Note, text) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *suite) hasEvent(t *testing.T, regarding, reason string) bool {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -31,6 +32,9 @@ type secretSet interface {
 	ownerUID() types.UID
 	// clusterName names the cluster in kubeconfigs.
 	clusterName() string
+	// lifetime is the validity of leaf certificates and how long before
+	// their expiry they are renewed.
+	lifetime() (validity, renewBefore time.Duration)
 }
 
 type tenantSecrets struct{ tcp *apiary.TenantControlPlane }
@@ -44,6 +48,19 @@ func (t tenantSecrets) secret(kind render.SecretKind, data map[string][]byte) *c
 	return render.Secret(t.tcp, kind, data)
 }
 
+// lifetime reads the defaulted spec, with the defaults for an object
+// written while the defaulting webhook was down.
+func (t tenantSecrets) lifetime() (validity, renewBefore time.Duration) {
+	validity, renewBefore = apiary.DefaultCertificateValidity, apiary.DefaultCertificateRenewBefore
+	if c := t.tcp.Spec.Certificates; c.Validity != nil {
+		validity = c.Validity.Duration
+	}
+	if c := t.tcp.Spec.Certificates; c.RenewBefore != nil {
+		renewBefore = c.RenewBefore.Duration
+	}
+	return validity, renewBefore
+}
+
 type etcdSecrets struct{ ds *apiary.DataStore }
 
 func (e etcdSecrets) namespace() string                  { return e.ds.Spec.Managed.Namespace }
@@ -53,6 +70,12 @@ func (e etcdSecrets) ownerUID() types.UID                { return e.ds.UID }
 func (e etcdSecrets) clusterName() string                { return e.ds.Name }
 func (e etcdSecrets) secret(kind render.SecretKind, data map[string][]byte) *corev1.Secret {
 	return managedetcd.Secret(e.ds, kind, data)
+}
+
+// lifetime of etcd's certificates: pki's defaults. The DataStore is
+// checked every CheckInterval, which renews them when due.
+func (e etcdSecrets) lifetime() (validity, renewBefore time.Duration) {
+	return pki.LeafValidity, pki.RenewBefore
 }
 
 // credentials issues a set of Secrets: it keeps what is still valid and
@@ -154,12 +177,36 @@ func (cr *credentials) alreadyExists(ctx context.Context, desired *corev1.Secret
 	return fmt.Errorf("Secret %s/%s already exists and was not made by Apiary for %s: Apiary does not adopt or overwrite it; delete or rename it", desired.Namespace, desired.Name, cr.set.clusterName())
 }
 
-func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPair) {
-	cr.certs = append(cr.certs, apiary.CertificateStatus{
+// record adds a certificate to the status; req is nil for a CA, which is
+// not renewed on a timer.
+func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPair, req *pki.Request) {
+	st := apiary.CertificateStatus{
 		Name:     name,
 		Secret:   cr.set.name(kind),
 		NotAfter: metav1.NewTime(kp.Cert.NotAfter.UTC()),
-	})
+	}
+	if req != nil {
+		st.RenewAt = ptr.To(metav1.NewTime(pki.RenewAt(kp.Cert, *req).UTC()))
+	}
+	cr.certs = append(cr.certs, st)
+}
+
+// withLifetime sets the set's validity and renewal point on a request.
+func (cr *credentials) withLifetime(req pki.Request) pki.Request {
+	req.Validity, req.RenewBefore = cr.set.lifetime()
+	return req
+}
+
+// nextRenewal is when the first recorded certificate is due for renewal;
+// zero when none is recorded.
+func (cr *credentials) nextRenewal() time.Time {
+	var next time.Time
+	for _, c := range cr.certs {
+		if c.RenewAt != nil && (next.IsZero() || c.RenewAt.Time.Before(next)) {
+			next = c.RenewAt.Time
+		}
+	}
+	return next
 }
 
 // ca keeps or issues a certificate authority.
@@ -173,7 +220,7 @@ func (cr *credentials) ca(ctx context.Context, kind render.SecretKind, commonNam
 		default:
 			if why = pki.CAProblem(kp.Cert, cr.now); why == "" {
 				cr.data[kind] = data
-				cr.record(kind, string(kind), kp)
+				cr.record(kind, string(kind), kp, nil)
 				return kp, nil
 			}
 		}
@@ -189,19 +236,20 @@ func (cr *credentials) ca(ctx context.Context, kind render.SecretKind, commonNam
 	if err := cr.write(ctx, kind, map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}, why); err != nil {
 		return nil, err
 	}
-	cr.record(kind, string(kind), kp)
+	cr.record(kind, string(kind), kp, nil)
 	return kp, nil
 }
 
 // leaf keeps or issues a certificate signed by ca. extra is added to the
 // Secret (such as the CA certificate under ca.crt), and must match too.
 func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki.KeyPair, req pki.Request, extra map[string][]byte) error {
+	req = cr.withLifetime(req)
 	data, why := cr.existing(kind)
 	if data != nil {
 		var kept *pki.KeyPair
 		if kept, why = cr.leafProblem(data, ca, req, extra); why == "" {
 			cr.data[kind] = data
-			cr.record(kind, string(kind), kept)
+			cr.record(kind, string(kind), kept, &req)
 			return nil
 		}
 	}
@@ -220,7 +268,7 @@ func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki
 	if err := cr.write(ctx, kind, out, why); err != nil {
 		return err
 	}
-	cr.record(kind, string(kind), kp)
+	cr.record(kind, string(kind), kp, &req)
 	return nil
 }
 
@@ -263,13 +311,14 @@ type kubeconfig struct {
 // kubeconfigs keeps or issues a Secret holding kubeconfigs that share one
 // client certificate, each pointing at its own server.
 func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, ca *pki.KeyPair, req pki.Request, name string, configs ...kubeconfig) error {
+	req = cr.withLifetime(req)
 	caPEM := ca.CertPEM()
 	data, why := cr.existing(kind)
 	if data != nil {
 		kp, problem := cr.kubeconfigProblem(data, ca, caPEM, req, configs)
 		if problem == "" {
 			cr.data[kind] = data
-			cr.record(kind, name, kp)
+			cr.record(kind, name, kp, &req)
 			return nil
 		}
 		why = problem
@@ -293,7 +342,7 @@ func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, 
 	if err := cr.write(ctx, kind, out, why); err != nil {
 		return err
 	}
-	cr.record(kind, name, kp)
+	cr.record(kind, name, kp, &req)
 	return nil
 }
 

@@ -334,5 +334,12 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	if result.RequeueAfter == 0 || quota.next < result.RequeueAfter {
 		result.RequeueAfter = quota.next
 	}
+	// Certificates are renewed when due, whatever else happens.
+	if next := cr.nextRenewal(); !next.IsZero() {
+		renew := max(next.Sub(r.Now()), time.Second)
+		if result.RequeueAfter == 0 || renew < result.RequeueAfter {
+			result.RequeueAfter = renew
+		}
+	}
 	return result, nil
 }

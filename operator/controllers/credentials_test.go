@@ -1,0 +1,40 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+func TestNextRenewal(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(d))) }
+	cr := &credentials{}
+	if got := cr.nextRenewal(); !got.IsZero() {
+		t.Errorf("no certificates: next renewal %s, want none", got)
+	}
+	cr.certs = []apiary.CertificateStatus{
+		{Name: "ca", NotAfter: metav1.NewTime(now.Add(time.Hour))}, // a CA: not on the timer, even when sooner
+		{Name: "apiserver", RenewAt: at(3 * time.Hour)},
+		{Name: "admin", RenewAt: at(2 * time.Hour)},
+		{Name: "scheduler", RenewAt: at(4 * time.Hour)},
+	}
+	if got, want := cr.nextRenewal(), now.Add(2*time.Hour); !got.Equal(want) {
+		t.Errorf("next renewal %s, want the admin certificate's %s", got, want)
+	}
+}
+
+func TestTenantLifetime(t *testing.T) {
+	tcp := &apiary.TenantControlPlane{}
+	if v, r := (tenantSecrets{tcp}).lifetime(); v != apiary.DefaultCertificateValidity || r != apiary.DefaultCertificateRenewBefore {
+		t.Errorf("undefaulted spec: lifetime %s/%s, want the defaults", v, r)
+	}
+	tcp.Spec.Certificates = apiary.CertificatesSpec{Validity: &metav1.Duration{Duration: 10 * time.Minute}, RenewBefore: &metav1.Duration{Duration: 3 * time.Minute}}
+	if v, r := (tenantSecrets{tcp}).lifetime(); v != 10*time.Minute || r != 3*time.Minute {
+		t.Errorf("lifetime %s/%s, want the spec's 10m/3m", v, r)
+	}
+}
