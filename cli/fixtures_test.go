@@ -58,8 +58,8 @@ func readyTenant() *apiaryv1alpha1.TenantControlPlane {
 				Usage: &apiaryv1alpha1.DataStoreUsage{Bytes: 3 << 20, Objects: 412, Quota: apiaryv1alpha1.TenantQuota{Bytes: resource.NewQuantity(100<<20, resource.BinarySI), Objects: ptr.To[int64](10000)}}},
 			Certificates: []apiaryv1alpha1.CertificateStatus{
 				{Name: "ca", Secret: "alpha-ca", NotAfter: metav1.NewTime(now.Add(10 * 365 * 24 * time.Hour))},
-				{Name: "apiserver", Secret: "alpha-apiserver", NotAfter: metav1.NewTime(now.Add(300 * 24 * time.Hour))},
-				{Name: "admin", Secret: "alpha-admin", NotAfter: metav1.NewTime(now.Add(-2 * 24 * time.Hour))},
+				{Name: "apiserver", Secret: "alpha-apiserver", NotAfter: metav1.NewTime(now.Add(300 * 24 * time.Hour)), RenewAt: ptr.To(metav1.NewTime(now.Add(270 * 24 * time.Hour)))},
+				{Name: "admin", Secret: "alpha-admin", NotAfter: metav1.NewTime(now.Add(-2 * 24 * time.Hour)), RenewAt: ptr.To(metav1.NewTime(now.Add(-32 * 24 * time.Hour)))},
 			},
 		},
 	}

@@ -293,9 +293,9 @@ func FormatDetail(tcp *apiaryv1alpha1.TenantControlPlane, now time.Time) string 
 	} else {
 		certs := slices.Clone(tcp.Status.Certificates)
 		sort.SliceStable(certs, func(i, j int) bool { return certs[i].Name < certs[j].Name })
-		fmt.Fprintln(w, "  NAME\tSECRET\tNOT AFTER\tEXPIRES")
+		fmt.Fprintln(w, "  NAME\tSECRET\tNOT AFTER\tEXPIRES\tRENEWED")
 		for _, c := range certs {
-			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", cell(c.Name), cell(c.Secret), rfc3339(c.NotAfter), expires(c.NotAfter, now))
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", cell(c.Name), cell(c.Secret), rfc3339(c.NotAfter), expires(c.NotAfter, now), renews(c.RenewAt, now))
 		}
 	}
 	_ = w.Flush()
@@ -340,6 +340,19 @@ func rfc3339(t metav1.Time) string {
 
 func timestamp(t metav1.Time, now time.Time) string {
 	return fmt.Sprintf("%s (%s ago)", rfc3339(t), age(t, now))
+}
+
+// renews says when a certificate is renewed: certificate authorities
+// (no renewAt) are not renewed on a timer.
+func renews(t *metav1.Time, now time.Time) string {
+	switch {
+	case t == nil || t.IsZero():
+		return "not on a timer"
+	case t.After(now):
+		return "in " + duration.HumanDuration(t.Sub(now))
+	default:
+		return "due now"
+	}
 }
 
 func expires(t metav1.Time, now time.Time) string {
