@@ -63,6 +63,7 @@ func TestE2E(t *testing.T) {
 	t.Run("NetworkPolicyConfinesTenants", e.testNetworkPolicy)
 	t.Run("ScaleKeepsAPIAvailable", e.testScale)
 	t.Run("ControlPlanePodDeleted", e.testPodDeletion)
+	t.Run("CertificatesRenewOnTime", e.testCertRenewal)
 	t.Run("WebhookRejectsBadSpecs", e.testWebhook)
 	t.Run("WebhookRefusesBoundaryFlags", e.testProtectedArgs)
 	t.Run("NodePortTenantAnswers", e.testNodePortTenant)
