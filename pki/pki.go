@@ -73,6 +73,9 @@ type Request struct {
 	// RenewBefore: the certificate is due for renewal once less than this
 	// remains (see RenewAt); zero: RenewBefore.
 	RenewBefore time.Duration
+	// NotIssuedBefore: a certificate issued before this time is re-issued
+	// (a rotation was asked for then); zero: no rotation.
+	NotIssuedBefore time.Time
 }
 
 func (req Request) validity() time.Duration {
@@ -205,6 +208,11 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 func Problem(cert *x509.Certificate, ca *x509.Certificate, req Request, now time.Time) string {
 	if err := cert.CheckSignatureFrom(ca); err != nil {
 		return "not signed by the current CA"
+	}
+	// Issued is second-precise: NotBefore is backdated by clockSkew from
+	// the moment of issue.
+	if issued := cert.NotBefore.Add(clockSkew); issued.Before(req.NotIssuedBefore.Truncate(time.Second)) {
+		return fmt.Sprintf("issued %s, before the rotation asked for at %s", issued.UTC().Format(time.RFC3339), req.NotIssuedBefore.UTC().Format(time.RFC3339))
 	}
 	if !now.Before(RenewAt(cert, req)) {
 		return fmt.Sprintf("due for renewal: expires %s, renewed %s before", cert.NotAfter.UTC().Format(time.RFC3339), req.renewBefore())

@@ -11,6 +11,12 @@ const (
 	// tenant through its Service's cluster DNS name, for clients inside the
 	// management cluster.
 	InternalKubeconfigKey = "kubeconfig-internal"
+	// AnnotationRotateCertificates on a TenantControlPlane asks for every
+	// leaf certificate to be re-issued now. Its value is a token: each new
+	// value is one rotation (status.certificateRotation records the last
+	// one handled). "apiary certs rotate" sets it to the time of the
+	// request.
+	AnnotationRotateCertificates = "apiary.dev/rotate-certificates"
 )
 
 // AdminKubeconfigSecretName is the Secret holding the tenant's admin

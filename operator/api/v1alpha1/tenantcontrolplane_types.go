@@ -184,6 +184,19 @@ type CertificateStatus struct {
 	RenewAt *metav1.Time `json:"renewAt,omitempty"`
 }
 
+// CertificateRotation records a rotation of the leaf certificates asked
+// for with the apiary.dev/rotate-certificates annotation.
+type CertificateRotation struct {
+	// Token is the annotation's value this rotation answers.
+	Token string `json:"token"`
+	// Requested is when the operator saw it: every leaf issued before is
+	// re-issued.
+	Requested metav1.Time `json:"requested"`
+	// Completed is when every leaf had been re-issued.
+	// +optional
+	Completed *metav1.Time `json:"completed,omitempty"`
+}
+
 // TenantControlPlaneStatus is the observed state of a tenant control plane.
 type TenantControlPlaneStatus struct {
 	// ObservedGeneration is the generation the status was computed from.
@@ -237,6 +250,10 @@ type TenantControlPlaneStatus struct {
 	// +listMapKey=name
 	// +optional
 	Certificates []CertificateStatus `json:"certificates,omitempty"`
+	// CertificateRotation is the last rotation asked for with the
+	// apiary.dev/rotate-certificates annotation.
+	// +optional
+	CertificateRotation *CertificateRotation `json:"certificateRotation,omitempty"`
 	// ModeSwitch is the journal of the last switch between modes (kept
 	// once completed, replaced by the next one).
 	// +optional
