@@ -636,6 +636,59 @@ func (s *suite) testCertificateLifetime(t *testing.T) {
 	if !s.hasEventMessage(t, name, controllers.ReasonIssued, "due for renewal") {
 		t.Error("no Issued event saying the certificates were due for renewal")
 	}
+
+	// A rotation on request: every leaf re-issued once, the CAs kept.
+	before, err = s.secretsOf(name)
+	s.must(err)
+	hash, generation = hashAndGeneration()
+	s.must(s.updateTCP(name, func(tcp *apiary.TenantControlPlane) {
+		metav1.SetMetaDataAnnotation(&tcp.ObjectMeta, apiary.AnnotationRotateCertificates, "first")
+	}))
+	eventually(t, "rotation first completed", 30*time.Second, func() error {
+		rot := s.getTCP(name).Status.CertificateRotation
+		if rot == nil || rot.Token != "first" || rot.Completed == nil {
+			return fmt.Errorf("status.certificateRotation %+v", rot)
+		}
+		return nil
+	})
+	after, err = s.secretsOf(name)
+	s.must(err)
+	for kind, sec := range after {
+		same := maps.EqualFunc(before[kind].Data, sec.Data, bytes.Equal)
+		switch kind {
+		case render.SecretCA, render.SecretFrontProxyCA, render.SecretServiceAccount:
+			if !same {
+				t.Errorf("Secret %s changed in a rotation of the leaves", kind)
+			}
+		default:
+			if same {
+				t.Errorf("Secret %s not re-issued by the rotation", kind)
+			}
+		}
+	}
+	eventually(t, "one roll of the Deployment", 10*time.Second, func() error {
+		if h, g := hashAndGeneration(); h == hash || g != generation+1 {
+			return fmt.Errorf("Deployment generation %d → %d, hash changed: %t; want one new generation with a new hash", generation, g, h != hash)
+		}
+		return nil
+	})
+	if !s.hasEvent(t, name, controllers.ReasonRotationRequested) || !s.hasEvent(t, name, controllers.ReasonRotated) {
+		t.Error("no RotationRequested/Rotated events")
+	}
+	// Answered once: nothing is re-issued again for the same token.
+	settled, err := s.secretsOf(name)
+	s.must(err)
+	s.must(s.updateTCP(name, func(tcp *apiary.TenantControlPlane) {
+		metav1.SetMetaDataAnnotation(&tcp.ObjectMeta, "touch", "1")
+	}))
+	time.Sleep(3 * time.Second)
+	now, err := s.secretsOf(name)
+	s.must(err)
+	for kind, sec := range now {
+		if sec.ResourceVersion != settled[kind].ResourceVersion {
+			t.Errorf("Secret %s written again for a rotation already done", kind)
+		}
+	}
 }
 
 // hasEventMessage reports an event about regarding with the reason and a

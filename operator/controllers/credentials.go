@@ -96,6 +96,8 @@ type credentials struct {
 	// issued lists what was written and why, for events.
 	issued []string
 	certs  []apiary.CertificateStatus
+	// notIssuedBefore re-issues every leaf issued before it (a rotation).
+	notIssuedBefore time.Time
 }
 
 // errCacheBehind means a Secret we wrote is not in the cache yet: reconcile
@@ -191,9 +193,11 @@ func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPa
 	cr.certs = append(cr.certs, st)
 }
 
-// withLifetime sets the set's validity and renewal point on a request.
+// withLifetime sets the set's validity and renewal point, and the
+// rotation in progress, on a request.
 func (cr *credentials) withLifetime(req pki.Request) pki.Request {
 	req.Validity, req.RenewBefore = cr.set.lifetime()
+	req.NotIssuedBefore = cr.notIssuedBefore
 	return req
 }
 

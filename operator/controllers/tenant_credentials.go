@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -77,8 +79,31 @@ func (r *TenantControlPlaneReconciler) issueEndpointBound(ctx context.Context, t
 		kubeconfig{key: apiary.InternalKubeconfigKey, server: render.InternalURL(tcp)})
 }
 
+// rotation starts a rotation of the leaf certificates when the
+// apiary.dev/rotate-certificates annotation carries a new token, and
+// returns the time before which a leaf is re-issued (zero: none asked).
+func (r *TenantControlPlaneReconciler) rotation(tcp *apiary.TenantControlPlane) time.Time {
+	token := tcp.Annotations[apiary.AnnotationRotateCertificates]
+	rot := tcp.Status.CertificateRotation
+	if token != "" && (rot == nil || rot.Token != token) {
+		rot = &apiary.CertificateRotation{Token: token, Requested: metav1.NewTime(r.Now().UTC().Truncate(time.Second))}
+		tcp.Status.CertificateRotation = rot
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ReasonRotationRequested, "RotateCertificates",
+			"rotation %q: every leaf certificate is re-issued", token)
+	}
+	if rot == nil || rot.Completed != nil {
+		return time.Time{}
+	}
+	return rot.Requested.Time
+}
+
 // credentialsIssued records every credential as issued and valid.
 func (r *TenantControlPlaneReconciler) credentialsIssued(tcp *apiary.TenantControlPlane, cr *credentials) {
+	if rot := tcp.Status.CertificateRotation; rot != nil && rot.Completed == nil {
+		rot.Completed = ptr.To(metav1.NewTime(r.Now().UTC()))
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ReasonRotated, "RotateCertificates",
+			"rotation %q: every leaf certificate re-issued", rot.Token)
+	}
 	tcp.Status.Certificates = cr.sortedCerts()
 	tcp.Status.KubeconfigSecret = tcp.AdminKubeconfigSecretName()
 	r.setCondition(tcp, apiary.ConditionCertificatesReady, metav1.ConditionTrue, ReasonIssued, fmt.Sprintf("%d Secrets hold valid credentials", len(render.AllSecretKinds)))

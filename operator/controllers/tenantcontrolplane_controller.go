@@ -58,6 +58,8 @@ const (
 	ReasonDataStoreNotReady       = "DataStoreNotReady"
 	ReasonNoDataStoreAvailable    = "NoDataStoreAvailable"
 	ReasonIssued                  = "Issued"
+	ReasonRotationRequested       = "RotationRequested"
+	ReasonRotated                 = "Rotated"
 	ReasonIssueFailed             = "IssueFailed"
 	ReasonWaitingForEndpoint      = "WaitingForEndpoint"
 	ReasonAddressAssigned         = "AddressAssigned"
@@ -287,6 +289,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	cr.notIssuedBefore = r.rotation(tcp)
 	ca, err := r.issueBase(ctx, tcp, cr, ds, dsCfg)
 	if err != nil {
 		return ctrl.Result{}, r.credentialsFailed(tcp, cr, err)
