@@ -56,6 +56,7 @@ func readyTenant() *apiaryv1alpha1.TenantControlPlane {
 			ReadyReplicas:      2,
 			DataStore: apiaryv1alpha1.DataStoreBinding{Name: "shared-1", Prefix: "/apiary/team-a/alpha/", User: "apiary-team-a-alpha",
 				Usage: &apiaryv1alpha1.DataStoreUsage{Bytes: 3 << 20, Objects: 412, Quota: apiaryv1alpha1.TenantQuota{Bytes: resource.NewQuantity(100<<20, resource.BinarySI), Objects: ptr.To[int64](10000)}}},
+			CertificateRotation: &apiaryv1alpha1.CertificateRotation{Token: "2026-05-31T09:00:00Z", Requested: ago(27 * time.Hour), Completed: ptr.To(ago(27 * time.Hour))},
 			Certificates: []apiaryv1alpha1.CertificateStatus{
 				{Name: "ca", Secret: "alpha-ca", NotAfter: metav1.NewTime(now.Add(10 * 365 * 24 * time.Hour))},
 				{Name: "apiserver", Secret: "alpha-apiserver", NotAfter: metav1.NewTime(now.Add(300 * 24 * time.Hour)), RenewAt: ptr.To(metav1.NewTime(now.Add(270 * 24 * time.Hour)))},

@@ -288,6 +288,13 @@ func FormatDetail(tcp *apiaryv1alpha1.TenantControlPlane, now time.Time) string 
 	}
 
 	fmt.Fprintln(w, "Certificates:")
+	if rot := tcp.Status.CertificateRotation; rot != nil {
+		done := "in progress"
+		if rot.Completed != nil {
+			done = "completed " + age(*rot.Completed, now) + " ago"
+		}
+		fmt.Fprintf(w, "  rotation %s: requested %s ago, %s\n", cell(rot.Token), age(rot.Requested, now), done)
+	}
 	if len(tcp.Status.Certificates) == 0 {
 		fmt.Fprintln(w, "  (none issued yet)")
 	} else {

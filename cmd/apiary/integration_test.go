@@ -600,3 +600,67 @@ func TestSwitch(t *testing.T) {
 		mustContain(t, "stdout", stdout, "spec.mode is already registered", "InEffect: switched from standalone to registered", "tenantcontrolplane/dev: registered")
 	})
 }
+
+// TestCertsRotate: "apiary certs rotate" asks first and sets the
+// annotation the operator answers, a new token per request; --wait fails
+// while status.certificateRotation does not answer that token (set here as
+// the operator would; the operator's side and a successful --wait are in
+// e2e).
+func TestCertsRotate(t *testing.T) {
+	e := environment(t)
+	const ns = "rot"
+	e.namespace(t, ns)
+	kubeconfig := e.writeKubeconfig(t, e.kubeconfig, ns)
+	ctx := context.Background()
+	e.tenant(t, ns, "dev", apiaryv1alpha1.TenantControlPlaneStatus{Conditions: readyConditions(), Phase: apiaryv1alpha1.PhaseReady, Mode: apiaryv1alpha1.ModeStandalone})
+	get := func() *apiaryv1alpha1.TenantControlPlane {
+		t.Helper()
+		var tcp apiaryv1alpha1.TenantControlPlane
+		if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dev"}, &tcp); err != nil {
+			t.Fatal(err)
+		}
+		return &tcp
+	}
+
+	t.Run("not confirmed: nothing changed", func(t *testing.T) {
+		code, stdout, stderr := apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "dev")
+		if code == 0 || !strings.Contains(stdout, "Re-issue every leaf certificate of tenant rot/dev") || !strings.Contains(stderr, "not rotated") {
+			t.Errorf("exit %d", code)
+		}
+		if v, ok := get().Annotations[apiaryv1alpha1.AnnotationRotateCertificates]; ok {
+			t.Errorf("annotation set to %q without confirmation", v)
+		}
+	})
+	t.Run("unknown tenant", func(t *testing.T) {
+		code, _, stderr := apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "nope", "--yes")
+		if code == 0 || !strings.Contains(stderr, "nope") {
+			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+	})
+	t.Run("requested, then waited for", func(t *testing.T) {
+		code, stdout, stderr := apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "dev", "--yes", "--wait", "2s")
+		if code == 0 || !strings.Contains(stderr, "not completed after 2s") {
+			t.Errorf("--wait with no operator answering: exit %d", code)
+		}
+		tcp := get()
+		token := tcp.Annotations[apiaryv1alpha1.AnnotationRotateCertificates]
+		if _, err := time.Parse(time.RFC3339Nano, token); err != nil || !strings.Contains(stdout, "certificate rotation "+token+" requested") {
+			t.Fatalf("annotation %q (%v)", token, err)
+		}
+		// The operator's answer to this token.
+		now := metav1.Now()
+		tcp.Status.CertificateRotation = &apiaryv1alpha1.CertificateRotation{Token: token, Requested: now, Completed: &now}
+		if err := e.client.Status().Update(ctx, tcp); err != nil {
+			t.Fatal(err)
+		}
+		// A second request is a new token, which the first rotation does
+		// not answer.
+		code, _, stderr = apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "dev", "--yes", "--wait", "2s")
+		if code == 0 || !strings.Contains(stderr, "not completed after 2s") {
+			t.Errorf("a new request was reported completed by the previous rotation: exit %d", code)
+		}
+		if again := get().Annotations[apiaryv1alpha1.AnnotationRotateCertificates]; again == token {
+			t.Errorf("a second rotation reused the token %s", token)
+		}
+	})
+}

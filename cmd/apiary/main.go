@@ -92,6 +92,7 @@ context, and -n a namespace (default: the context's namespace, else "default").`
 		cli.NewKubeconfigCommand(flags),
 		cli.NewHostCommand(flags),
 		cli.NewSwitchCommand(flags),
+		cli.NewCertsCommand(flags),
 		cli.NewVersionCommand(version),
 		newOperatorCommand(), // cmd/apiary/operator.go
 	)
