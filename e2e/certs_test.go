@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/apiaryhq/apiary/cli"
 	"github.com/apiaryhq/apiary/e2e/framework"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
@@ -30,7 +32,8 @@ import (
 // timer on time, each time in one roll of the control plane that a client
 // polling through the endpoint does not notice; the running replicas serve
 // the renewed certificate and the renewed admin kubeconfig works. Back to
-// the defaults, they are issued for a year again.
+// the defaults, they are issued for a year again; "apiary certs rotate"
+// re-issues them on request. The CA stays throughout.
 func (e *env) testCertRenewal(t *testing.T) {
 	const name = "alpha"
 	const validity, renewBefore = 2 * time.Minute, time.Minute
@@ -97,6 +100,7 @@ func (e *env) testCertRenewal(t *testing.T) {
 		})
 	}
 	dep, _ := rolledOut("before", 0)
+	caBefore := tenantSecret(t, e, e.TCP(t, name), render.SecretCA)[render.KeyTLSCert]
 
 	p := e.newPoller(t, name)
 	ctx, cancel := context.WithCancel(e.Ctx)
@@ -167,14 +171,45 @@ func (e *env) testCertRenewal(t *testing.T) {
 		}
 		return nil
 	})
-	_, took = rolledOut("back to a year", dep.Generation)
+	dep, took = rolledOut("back to a year", dep.Generation)
 	t.Logf("FIGURE back to a year: control plane rolled in %s", took.Round(100*time.Millisecond))
+
+	// 4. Rotated on request, with the CLI.
+	yearLong = serving()
+	var out, errOut strings.Builder
+	cmd := cli.NewCertsCommand(&cli.ConfigFlags{Kubeconfig: e.Kubeconfig, Namespace: ns})
+	cmd.SetArgs([]string{"rotate", name, "--yes", "--wait", "1m"})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	start := time.Now()
+	if err := cmd.ExecuteContext(e.Ctx); err != nil {
+		t.Fatalf("apiary certs rotate: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	t.Logf("apiary certs rotate %s --yes --wait 1m (%s):\n%s", name, time.Since(start).Round(time.Millisecond), out.String())
+	rotated := serving()
+	if rotated.SerialNumber.Cmp(yearLong.SerialNumber) == 0 || time.Until(rotated.NotAfter) < 300*24*time.Hour {
+		t.Errorf("after the rotation the serving certificate is valid until %s (serial changed: %t)", rotated.NotAfter, rotated.SerialNumber.Cmp(yearLong.SerialNumber) != 0)
+	}
+	if rot := e.TCP(t, name).Status.CertificateRotation; rot == nil || rot.Completed == nil || rotated.NotBefore.Add(5*time.Minute).Before(rot.Requested.Time) {
+		t.Errorf("status.certificateRotation %+v, serving certificate issued %s", rot, rotated.NotBefore.Add(5*time.Minute))
+	}
+	_, took = rolledOut("rotated", dep.Generation)
+	t.Logf("FIGURE rotation on request: control plane rolled in %s", took.Round(100*time.Millisecond))
+	if !e.eventNoteContains(t, name, "before the rotation asked for") {
+		t.Error("no event says the certificates were re-issued for the rotation")
+	}
+	if got := presented(); got.SerialNumber.Cmp(rotated.SerialNumber) != 0 {
+		t.Errorf("after the roll the endpoint presents the certificate issued %s, not the rotated one", got.NotBefore)
+	}
+	if !bytes.Equal(tenantSecret(t, e, e.TCP(t, name), render.SecretCA)[render.KeyTLSCert], caBefore) {
+		t.Error("the tenant CA changed across renewals and a rotation of the leaves")
+	}
 	time.Sleep(2 * time.Second)
 	cancel()
 	<-done
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	t.Logf("FIGURE certificate renewals (3 rolls): /version %d OK, %d failed, longest gap %s, slowest answer %s",
+	t.Logf("FIGURE certificate renewals and a rotation (4 rolls): /version %d OK, %d failed, longest gap %s, slowest answer %s",
 		p.ok.Load(), p.failed.Load(), p.longest.Round(time.Millisecond), p.slowest.Round(time.Millisecond))
 	if p.failed.Load() > 0 {
 		t.Errorf("%d of %d requests failed across the renewals: %v", p.failed.Load(), p.ok.Load()+p.failed.Load(), p.failures)
