@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -86,13 +87,10 @@ func RunRotate(ctx context.Context, c client.Client, stdin io.Reader, out io.Wri
 		return fmt.Errorf("not rotated")
 	}
 	token := opts.Now().UTC().Format(time.RFC3339Nano)
-	patch := client.MergeFrom(tcp.DeepCopy())
-	if tcp.Annotations == nil {
-		tcp.Annotations = map[string]string{}
-	}
-	tcp.Annotations[apiaryv1alpha1.AnnotationRotateCertificates] = token
-	if err := c.Patch(ctx, tcp, patch); err != nil {
-		return request{verb: "patch", resource: resourceTenantControlPlanes, namespace: ns, name: name}.explain(err)
+	if err := patchTenant(ctx, c, tcp, func(tcp *apiaryv1alpha1.TenantControlPlane) {
+		metav1.SetMetaDataAnnotation(&tcp.ObjectMeta, apiaryv1alpha1.AnnotationRotateCertificates, token)
+	}); err != nil {
+		return err
 	}
 	fmt.Fprintf(out, "tenantcontrolplane/%s: certificate rotation %s requested\n", name, token)
 	if opts.Wait <= 0 {
@@ -102,22 +100,15 @@ func RunRotate(ctx context.Context, c client.Client, stdin io.Reader, out io.Wri
 }
 
 func waitRotation(ctx context.Context, c client.Reader, out io.Writer, ns, name, token string, wait time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	for {
-		tcp, err := GetTenant(ctx, c, ns, name)
-		if err != nil {
-			return err
+	return pollTenant(ctx, c, ns, name, wait, func(tcp *apiaryv1alpha1.TenantControlPlane) bool {
+		rot := tcp.Status.CertificateRotation
+		if rot == nil || rot.Token != token || rot.Completed == nil {
+			return false
 		}
-		if rot := tcp.Status.CertificateRotation; rot != nil && rot.Token == token && rot.Completed != nil {
-			fmt.Fprintf(out, "tenantcontrolplane/%s: every leaf certificate re-issued in %s; the control plane rolls to them now\n",
-				name, rot.Completed.Sub(rot.Requested.Time).Round(time.Second))
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("tenantcontrolplane/%s: rotation %s not completed after %s; see: apiary status %s -n %s", name, token, wait, name, ns)
-		case <-time.After(time.Second):
-		}
-	}
+		fmt.Fprintf(out, "tenantcontrolplane/%s: every leaf certificate re-issued in %s; the control plane rolls to them now\n",
+			name, rot.Completed.Sub(rot.Requested.Time).Round(time.Second))
+		return true
+	}, func(*apiaryv1alpha1.TenantControlPlane) error {
+		return fmt.Errorf("tenantcontrolplane/%s: rotation %s not completed after %s; see: apiary status %s -n %s", name, token, wait, name, ns)
+	})
 }

@@ -126,10 +126,8 @@ func runSwitch(ctx context.Context, c client.Client, stdin io.Reader, out io.Wri
 		if !opts.Yes && !confirm(stdin, out, fmt.Sprintf("Switch tenant %s/%s to %s? [y/N] ", ns, name, target)) {
 			return fmt.Errorf("not switched")
 		}
-		patch := client.MergeFrom(tcp.DeepCopy())
-		tcp.Spec.Mode = target
-		if err := c.Patch(ctx, tcp, patch); err != nil {
-			return request{verb: "patch", resource: resourceTenantControlPlanes, namespace: ns, name: name}.explain(err)
+		if err := patchTenant(ctx, c, tcp, func(tcp *apiaryv1alpha1.TenantControlPlane) { tcp.Spec.Mode = target }); err != nil {
+			return err
 		}
 		fmt.Fprintf(out, "tenantcontrolplane/%s: spec.mode set to %s\n", name, target)
 	}
@@ -200,32 +198,57 @@ func switchPlan(ctx context.Context, c client.Reader, tcp *apiaryv1alpha1.Tenant
 
 // waitSwitch prints every phase of the switch until target is in effect.
 func waitSwitch(ctx context.Context, c client.Reader, out io.Writer, ns, name string, target apiaryv1alpha1.Mode, wait time.Duration) error {
+	last := ""
+	return pollTenant(ctx, c, ns, name, wait, func(tcp *apiaryv1alpha1.TenantControlPlane) bool {
+		cond := meta.FindStatusCondition(tcp.Status.Conditions, apiaryv1alpha1.ConditionModeSwitched)
+		if cond == nil {
+			return false
+		}
+		line := cond.Reason + ": " + cond.Message
+		if line != last {
+			fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05"), line)
+			last = line
+		}
+		if tcp.Status.Mode == target && cond.Status == metav1.ConditionTrue && cond.ObservedGeneration >= tcp.Generation {
+			fmt.Fprintf(out, "tenantcontrolplane/%s: %s\n", name, target)
+			return true
+		}
+		return false
+	}, func(tcp *apiaryv1alpha1.TenantControlPlane) error {
+		return fmt.Errorf("tenantcontrolplane/%s not in mode %s after %s (in effect: %s); see: apiary status %s -n %s", name, target, wait, orDash(string(tcp.Status.Mode)), name, ns)
+	})
+}
+
+// pollTenant reads the tenant every second until done says so, for up to
+// wait; then it returns timedOut's error for the last tenant read.
+func pollTenant(ctx context.Context, c client.Reader, ns, name string, wait time.Duration,
+	done func(*apiaryv1alpha1.TenantControlPlane) bool, timedOut func(*apiaryv1alpha1.TenantControlPlane) error) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	last := ""
 	for {
 		tcp, err := GetTenant(ctx, c, ns, name)
 		if err != nil {
 			return err
 		}
-		cond := meta.FindStatusCondition(tcp.Status.Conditions, apiaryv1alpha1.ConditionModeSwitched)
-		if cond != nil {
-			line := cond.Reason + ": " + cond.Message
-			if line != last {
-				fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05"), line)
-				last = line
-			}
-			if tcp.Status.Mode == target && cond.Status == metav1.ConditionTrue && cond.ObservedGeneration >= tcp.Generation {
-				fmt.Fprintf(out, "tenantcontrolplane/%s: %s\n", name, target)
-				return nil
-			}
+		if done(tcp) {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("tenantcontrolplane/%s not in mode %s after %s (in effect: %s); see: apiary status %s -n %s", name, target, wait, orDash(string(tcp.Status.Mode)), name, ns)
+			return timedOut(tcp)
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// patchTenant merge-patches what mutate changes in the tenant.
+func patchTenant(ctx context.Context, c client.Client, tcp *apiaryv1alpha1.TenantControlPlane, mutate func(*apiaryv1alpha1.TenantControlPlane)) error {
+	patch := client.MergeFrom(tcp.DeepCopy())
+	mutate(tcp)
+	if err := c.Patch(ctx, tcp, patch); err != nil {
+		return request{verb: "patch", resource: resourceTenantControlPlanes, namespace: tcp.Namespace, name: tcp.Name}.explain(err)
+	}
+	return nil
 }
 
 func orDash(s string) string {
