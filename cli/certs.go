@@ -51,10 +51,11 @@ keep working until their certificates expire; the control plane rolls once,
 with no failed request (hosted pods one at a time; in registered mode host
 by host).
 
-It sets the annotation apiary.dev/rotate-certificates to the time of the
-request; the operator records the rotation in status.certificateRotation and
-re-issues every leaf issued before it saw the request, with events
-RotationRequested and Rotated. --wait waits until every leaf is re-issued.`,
+It sets the annotation apiary.dev/rotate-certificates to a new token (the
+time of the request); the operator records the rotation in
+status.certificateRotation and re-issues every leaf not yet issued under
+that token, with events RotationRequested and Rotated. --wait waits until
+every leaf is re-issued.`,
 		Example: `  # Rotate tenant dev's certificates and wait for them
   apiary certs rotate dev -n team-a --yes --wait 2m`,
 		Args: func(cmd *cobra.Command, args []string) error {

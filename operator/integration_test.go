@@ -616,9 +616,12 @@ func (s *suite) testCertificateLifetime(t *testing.T) {
 		}
 		return nil
 	})
-	if !s.hasEventMessage(t, name, controllers.ReasonIssued, "longer than the 2m0s asked for") {
-		t.Error("no Issued event saying why the certificates were re-issued")
-	}
+	eventually(t, "an Issued event", 10*time.Second, func() error {
+		if !s.hasEventMessage(t, name, controllers.ReasonIssued, "longer than the 2m0s asked for") {
+			return errors.New("no Issued event saying why the certificates were re-issued")
+		}
+		return nil
+	})
 
 	// Back to the defaults: the short-lived leaves are due at once.
 	s.must(s.updateTCP(name, func(tcp *apiary.TenantControlPlane) { tcp.Spec.Certificates = apiary.CertificatesSpec{} }))
@@ -633,9 +636,21 @@ func (s *suite) testCertificateLifetime(t *testing.T) {
 		}
 		return nil
 	})
-	if !s.hasEventMessage(t, name, controllers.ReasonIssued, "due for renewal") {
-		t.Error("no Issued event saying the certificates were due for renewal")
-	}
+	// Events are written asynchronously.
+	eventually(t, "a Renewed event", 10*time.Second, func() error {
+		if !s.hasEventMessage(t, name, controllers.ReasonRenewed, "due for renewal") {
+			var list eventsv1.EventList
+			s.must(s.c.List(s.ctx, &list, client.InNamespace(tenantsNS)))
+			var notes []string
+			for _, e := range list.Items {
+				if e.Regarding.Name == name {
+					notes = append(notes, e.Reason+": "+e.Note)
+				}
+			}
+			return fmt.Errorf("no Renewed event saying the certificates were due for renewal; events: %q", notes)
+		}
+		return nil
+	})
 
 	// A rotation on request: every leaf re-issued once, the CAs kept.
 	before, err = s.secretsOf(name)
@@ -672,8 +687,21 @@ func (s *suite) testCertificateLifetime(t *testing.T) {
 		}
 		return nil
 	})
-	if !s.hasEvent(t, name, controllers.ReasonRotationRequested) || !s.hasEvent(t, name, controllers.ReasonRotated) {
-		t.Error("no RotationRequested/Rotated events")
+	eventually(t, "RotationRequested and Rotated events", 10*time.Second, func() error {
+		if !s.hasEvent(t, name, controllers.ReasonRotationRequested) || !s.hasEventMessage(t, name, controllers.ReasonRotated, `rotation "first"`) {
+			return errors.New("no RotationRequested event, or no Rotated event naming the rotation")
+		}
+		return nil
+	})
+	// Each leaf's Secret carries the token it was issued under.
+	for kind, sec := range after {
+		switch kind {
+		case render.SecretCA, render.SecretFrontProxyCA, render.SecretServiceAccount:
+		default:
+			if sec.Annotations["apiary.dev/rotation"] != "first" {
+				t.Errorf("Secret %s annotations %v, want apiary.dev/rotation: first", kind, sec.Annotations)
+			}
+		}
 	}
 	// Answered once: nothing is re-issued again for the same token.
 	settled, err := s.secretsOf(name)

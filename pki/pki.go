@@ -35,6 +35,9 @@ const (
 	// certificate is due for renewal (Request.RenewBefore overrides it for
 	// leaves).
 	RenewBefore = 30 * 24 * time.Hour
+	// DueForRenewal starts the Problem of a certificate past its RenewAt,
+	// which callers report as a renewal rather than a repair.
+	DueForRenewal = "due for renewal"
 	// maxRenewWindow bounds the renewal window (see RenewAt).
 	maxRenewWindow = time.Hour
 
@@ -73,9 +76,6 @@ type Request struct {
 	// RenewBefore: the certificate is due for renewal once less than this
 	// remains (see RenewAt); zero: RenewBefore.
 	RenewBefore time.Duration
-	// NotIssuedBefore: a certificate issued before this time is re-issued
-	// (a rotation was asked for then); zero: no rotation.
-	NotIssuedBefore time.Time
 }
 
 func (req Request) validity() time.Duration {
@@ -209,13 +209,8 @@ func Problem(cert *x509.Certificate, ca *x509.Certificate, req Request, now time
 	if err := cert.CheckSignatureFrom(ca); err != nil {
 		return "not signed by the current CA"
 	}
-	// Issued is second-precise: NotBefore is backdated by clockSkew from
-	// the moment of issue.
-	if issued := cert.NotBefore.Add(clockSkew); issued.Before(req.NotIssuedBefore.Truncate(time.Second)) {
-		return fmt.Sprintf("issued %s, before the rotation asked for at %s", issued.UTC().Format(time.RFC3339), req.NotIssuedBefore.UTC().Format(time.RFC3339))
-	}
 	if !now.Before(RenewAt(cert, req)) {
-		return fmt.Sprintf("due for renewal: expires %s, renewed %s before", cert.NotAfter.UTC().Format(time.RFC3339), req.renewBefore())
+		return fmt.Sprintf(DueForRenewal+": expires %s, renewed %s before", cert.NotAfter.UTC().Format(time.RFC3339), req.renewBefore())
 	}
 	// Issued for longer than asked (the validity was shortened since): a
 	// certificate that outlives the setting is what the setting exists to

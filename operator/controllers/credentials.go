@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,12 +94,22 @@ type credentials struct {
 
 	// data is the content of every Secret after issuing, by kind.
 	data map[render.SecretKind]map[string][]byte
-	// issued lists what was written and why, for events.
-	issued []string
+	// issued lists what was written and why, by event reason: Issued
+	// (created or repaired), Renewed (due) and Rotated (asked for).
+	issued map[string][]string
 	certs  []apiary.CertificateStatus
-	// notIssuedBefore re-issues every leaf issued before it (a rotation).
-	notIssuedBefore time.Time
+	// rotation is the token of the last rotation asked for: a leaf whose
+	// Secret does not carry it is re-issued, and every leaf written
+	// carries it. Clocks play no part: a token is answered once.
+	rotation string
 }
+
+// annotationRotation on a leaf's Secret is the rotation token it was
+// issued under.
+const annotationRotation = "apiary.dev/rotation"
+
+// rotationWhy is why a leaf is re-issued for a rotation.
+func rotationWhy(token string) string { return fmt.Sprintf("rotation %q", token) }
 
 // errCacheBehind means a Secret we wrote is not in the cache yet: reconcile
 // again shortly rather than issue it twice.
@@ -137,8 +148,11 @@ func (cr *credentials) existing(kind render.SecretKind) (map[string][]byte, stri
 }
 
 // write creates or updates a Secret with new content.
-func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data map[string][]byte, why string) error {
+func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data map[string][]byte, why string, leaf bool) error {
 	desired := cr.set.secret(kind, data)
+	if leaf && cr.rotation != "" {
+		metav1.SetMetaDataAnnotation(&desired.ObjectMeta, annotationRotation, cr.rotation)
+	}
 	if old := cr.byKind[kind]; old == nil {
 		if err := cr.c.Create(ctx, desired); err != nil {
 			if apierrors.IsAlreadyExists(err) {
@@ -157,7 +171,21 @@ func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data m
 	}
 	cr.byKind[kind] = desired
 	cr.data[kind] = data
-	cr.issued = append(cr.issued, fmt.Sprintf("%s (%s)", desired.Name, why))
+	reason := ReasonIssued
+	switch {
+	case strings.HasPrefix(why, pki.DueForRenewal) || strings.Contains(why, "client certificate "+pki.DueForRenewal):
+		reason = ReasonRenewed
+	case cr.rotation != "" && why == rotationWhy(cr.rotation):
+		reason = ReasonRotated
+	}
+	if cr.issued == nil {
+		cr.issued = map[string][]string{}
+	}
+	entry := desired.Name
+	if reason == ReasonIssued {
+		entry += " (" + why + ")"
+	}
+	cr.issued[reason] = append(cr.issued[reason], entry)
 	return nil
 }
 
@@ -193,12 +221,50 @@ func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPa
 	cr.certs = append(cr.certs, st)
 }
 
-// withLifetime sets the set's validity and renewal point, and the
-// rotation in progress, on a request.
+// withLifetime sets the set's validity and renewal point on a request.
 func (cr *credentials) withLifetime(req pki.Request) pki.Request {
 	req.Validity, req.RenewBefore = cr.set.lifetime()
-	req.NotIssuedBefore = cr.notIssuedBefore
 	return req
+}
+
+// rotated says why a kept leaf must go for the rotation asked for; empty
+// when it carries the last token.
+func (cr *credentials) rotated(kind render.SecretKind) string {
+	if s := cr.byKind[kind]; cr.rotation != "" && s != nil && s.Annotations[annotationRotation] != cr.rotation {
+		return rotationWhy(cr.rotation)
+	}
+	return ""
+}
+
+// maxEventNote is the API server's limit on an event's note.
+const maxEventNote = 1024
+
+// issuedEvents returns the events of what was written, one per reason
+// (events.k8s.io merges same-reason events of an object into a series that
+// keeps only the first note), and forgets it. Renewals and rotations name
+// their Secrets and the cause once: a note longer than the API's limit is
+// refused and lost.
+func (cr *credentials) issuedEvents() [][2]string {
+	var out [][2]string
+	for _, reason := range []string{ReasonIssued, ReasonRenewed, ReasonRotated} {
+		entries := cr.issued[reason]
+		if len(entries) == 0 {
+			continue
+		}
+		note := strings.ToLower(reason) + " " + strings.Join(entries, ", ")
+		switch reason {
+		case ReasonRenewed:
+			note += ": " + pki.DueForRenewal + " (status.certificates lists the new expiry)"
+		case ReasonRotated:
+			note += ": " + rotationWhy(cr.rotation)
+		}
+		if len(note) > maxEventNote {
+			note = strings.ToValidUTF8(note[:maxEventNote-len(" …")], "") + " …"
+		}
+		out = append(out, [2]string{reason, note})
+	}
+	cr.issued = nil
+	return out
 }
 
 // nextRenewal is when the first recorded certificate is due for renewal;
@@ -237,7 +303,7 @@ func (cr *credentials) ca(ctx context.Context, kind render.SecretKind, commonNam
 	if err != nil {
 		return nil, err
 	}
-	if err := cr.write(ctx, kind, map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}, why); err != nil {
+	if err := cr.write(ctx, kind, map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}, why, false); err != nil {
 		return nil, err
 	}
 	cr.record(kind, string(kind), kp, nil)
@@ -252,6 +318,9 @@ func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki
 	if data != nil {
 		var kept *pki.KeyPair
 		if kept, why = cr.leafProblem(data, ca, req, extra); why == "" {
+			why = cr.rotated(kind)
+		}
+		if why == "" {
 			cr.data[kind] = data
 			cr.record(kind, string(kind), kept, &req)
 			return nil
@@ -269,7 +338,7 @@ func (cr *credentials) leaf(ctx context.Context, kind render.SecretKind, ca *pki
 	for k, v := range extra {
 		out[k] = v
 	}
-	if err := cr.write(ctx, kind, out, why); err != nil {
+	if err := cr.write(ctx, kind, out, why, true); err != nil {
 		return err
 	}
 	cr.record(kind, string(kind), kp, &req)
@@ -303,7 +372,7 @@ func (cr *credentials) serviceAccountKey(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return cr.write(ctx, kind, map[string][]byte{render.KeySAKey: priv, render.KeySAPub: pub}, why)
+	return cr.write(ctx, kind, map[string][]byte{render.KeySAKey: priv, render.KeySAPub: pub}, why, false)
 }
 
 // kubeconfig describes one kubeconfig inside a Secret.
@@ -320,6 +389,9 @@ func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, 
 	data, why := cr.existing(kind)
 	if data != nil {
 		kp, problem := cr.kubeconfigProblem(data, ca, caPEM, req, configs)
+		if problem == "" {
+			problem = cr.rotated(kind)
+		}
 		if problem == "" {
 			cr.data[kind] = data
 			cr.record(kind, name, kp, &req)
@@ -343,7 +415,7 @@ func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, 
 		}
 		out[cfg.key] = raw
 	}
-	if err := cr.write(ctx, kind, out, why); err != nil {
+	if err := cr.write(ctx, kind, out, why, true); err != nil {
 		return err
 	}
 	cr.record(kind, name, kp, &req)

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -36,5 +37,24 @@ func TestTenantLifetime(t *testing.T) {
 	tcp.Spec.Certificates = apiary.CertificatesSpec{Validity: &metav1.Duration{Duration: 10 * time.Minute}, RenewBefore: &metav1.Duration{Duration: 3 * time.Minute}}
 	if v, r := (tenantSecrets{tcp}).lifetime(); v != 10*time.Minute || r != 3*time.Minute {
 		t.Errorf("lifetime %s/%s, want the spec's 10m/3m", v, r)
+	}
+}
+
+func TestIssuedEvents(t *testing.T) {
+	cr := &credentials{rotation: "r1", issued: map[string][]string{
+		ReasonRotated: {"a-apiserver", "a-admin-kubeconfig"},
+		ReasonIssued:  {"a-ca (created)"},
+		ReasonRenewed: {strings.Repeat("x", 2000)},
+	}}
+	got := cr.issuedEvents()
+	if len(got) != 3 || got[0] != [2]string{ReasonIssued, "issued a-ca (created)"} ||
+		got[2] != [2]string{ReasonRotated, `rotated a-apiserver, a-admin-kubeconfig: rotation "r1"`} {
+		t.Errorf("events %q", got)
+	}
+	if n := len(got[1][1]); got[1][0] != ReasonRenewed || n > maxEventNote || !strings.HasSuffix(got[1][1], " …") {
+		t.Errorf("a long note: reason %s, %d bytes (limit %d), ends %q", got[1][0], n, maxEventNote, got[1][1][n-10:])
+	}
+	if again := cr.issuedEvents(); len(again) != 0 {
+		t.Errorf("events returned twice: %q", again)
 	}
 }

@@ -291,8 +291,8 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if err != nil {
 		return "", false, err
 	}
-	if len(cr.issued) > 0 {
-		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, ReasonIssued, "IssueCredentials", "issued %s", strings.Join(cr.issued, ", "))
+	for _, ev := range cr.issuedEvents() {
+		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, ev[0], "IssueCredentials", "%s", ev[1])
 	}
 	apply := func(obj runtime.ApplyConfiguration, what string) error {
 		if err := r.Client.Apply(ctx, obj, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {

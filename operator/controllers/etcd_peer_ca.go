@@ -138,7 +138,7 @@ func (r *DataStoreReconciler) peerCredentials(ctx context.Context, ds *apiary.Da
 		if trustData != nil {
 			why = "peer trust changed"
 		}
-		if err := cr.write(ctx, managedetcd.SecretPeerTrust, map[string][]byte{render.KeyCACert: plan.trust}, why); err != nil {
+		if err := cr.write(ctx, managedetcd.SecretPeerTrust, map[string][]byte{render.KeyCACert: plan.trust}, why, false); err != nil {
 			return false, err
 		}
 	} else {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,28 +79,26 @@ func (r *TenantControlPlaneReconciler) issueEndpointBound(ctx context.Context, t
 
 // rotation starts a rotation of the leaf certificates when the
 // apiary.dev/rotate-certificates annotation carries a new token, and
-// returns the time before which a leaf is re-issued (zero: none asked).
-func (r *TenantControlPlaneReconciler) rotation(tcp *apiary.TenantControlPlane) time.Time {
+// returns the token of the last rotation asked for ("" for none).
+func (r *TenantControlPlaneReconciler) rotation(tcp *apiary.TenantControlPlane) string {
 	token := tcp.Annotations[apiary.AnnotationRotateCertificates]
 	rot := tcp.Status.CertificateRotation
 	if token != "" && (rot == nil || rot.Token != token) {
-		rot = &apiary.CertificateRotation{Token: token, Requested: metav1.NewTime(r.Now().UTC().Truncate(time.Second))}
+		rot = &apiary.CertificateRotation{Token: token, Requested: metav1.NewTime(r.Now().UTC())}
 		tcp.Status.CertificateRotation = rot
 		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ReasonRotationRequested, "RotateCertificates",
 			"rotation %q: every leaf certificate is re-issued", token)
 	}
-	if rot == nil || rot.Completed != nil {
-		return time.Time{}
+	if rot == nil {
+		return ""
 	}
-	return rot.Requested.Time
+	return rot.Token
 }
 
 // credentialsIssued records every credential as issued and valid.
 func (r *TenantControlPlaneReconciler) credentialsIssued(tcp *apiary.TenantControlPlane, cr *credentials) {
 	if rot := tcp.Status.CertificateRotation; rot != nil && rot.Completed == nil {
 		rot.Completed = ptr.To(metav1.NewTime(r.Now().UTC()))
-		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ReasonRotated, "RotateCertificates",
-			"rotation %q: every leaf certificate re-issued", rot.Token)
 	}
 	tcp.Status.Certificates = cr.sortedCerts()
 	tcp.Status.KubeconfigSecret = tcp.AdminKubeconfigSecretName()
@@ -124,9 +120,10 @@ func (r *TenantControlPlaneReconciler) credentialsFailed(tcp *apiary.TenantContr
 // event, not one per Secret: events.k8s.io would merge same-reason events
 // of an object into a series and keep only the first message).
 func (r *TenantControlPlaneReconciler) recordIssued(tcp *apiary.TenantControlPlane, cr *credentials) {
-	if cr == nil || len(cr.issued) == 0 {
+	if cr == nil {
 		return
 	}
-	r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ReasonIssued, "IssueCredentials", "issued %s", strings.Join(cr.issued, ", "))
-	cr.issued = nil
+	for _, ev := range cr.issuedEvents() {
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ev[0], "IssueCredentials", "%s", ev[1])
+	}
 }

@@ -58,6 +58,7 @@ const (
 	ReasonDataStoreNotReady       = "DataStoreNotReady"
 	ReasonNoDataStoreAvailable    = "NoDataStoreAvailable"
 	ReasonIssued                  = "Issued"
+	ReasonRenewed                 = "Renewed"
 	ReasonRotationRequested       = "RotationRequested"
 	ReasonRotated                 = "Rotated"
 	ReasonIssueFailed             = "IssueFailed"
@@ -289,7 +290,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	cr.notIssuedBefore = r.rotation(tcp)
+	cr.rotation = r.rotation(tcp)
 	ca, err := r.issueBase(ctx, tcp, cr, ds, dsCfg)
 	if err != nil {
 		return ctrl.Result{}, r.credentialsFailed(tcp, cr, err)
