@@ -337,7 +337,8 @@ func (r *TenantControlPlaneReconciler) dialHost(ctx context.Context, tcp *apiary
 // probeHost asks a host's kube-apiserver for /readyz at its own address,
 // verified as the endpoint (its serving certificate names the endpoint).
 func probeHost(ctx context.Context, ca *pki.KeyPair, ep render.Endpoint, address string) error {
-	return getReadyz(ctx, ca, ep.Host, "https://"+net.JoinHostPort(address, strconv.Itoa(int(ep.Port))))
+	// One host, no load balancer: its refusal is final.
+	return getReadyz(ctx, ca, ep.Host, "https://"+net.JoinHostPort(address, strconv.Itoa(int(ep.Port))), 1)
 }
 
 // rewriteFiles writes changed files (no manifest) to a serving host.

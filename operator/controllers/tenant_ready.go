@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -73,6 +75,9 @@ func (r *TenantControlPlaneReconciler) summarizeReady(tcp *apiary.TenantControlP
 	case api.notTrue != "":
 		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonWaitingForPrerequisites, api.notTrue+" is not True")
 		return ctrl.Result{}
+	case api.err != nil && r.briefRefusal(tcp, api.err):
+		// Ready stays as it is; look again in a moment.
+		return ctrl.Result{RequeueAfter: time.Second}
 	case api.err != nil:
 		r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionFalse, ReasonAPIUnreachable, api.err.Error())
 		// Poll fast while a new control plane comes up (Ready within
@@ -85,9 +90,30 @@ func (r *TenantControlPlaneReconciler) summarizeReady(tcp *apiary.TenantControlP
 		// fast at first, then back off.
 		return r.backoff(tcp, apiary.ConditionTenantBootstrapped)
 	}
+	r.refusals.Delete(tcp.UID)
 	r.setCondition(tcp, apiary.ConditionReady, metav1.ConditionTrue, ReasonAPIAnswering, "the tenant API answers at "+ep.URL())
 	// Re-check now and then: a broken endpoint emits no event.
 	return ctrl.Result{RequeueAfter: 5 * time.Minute}
+}
+
+// readyRefusalGrace is how long a Ready tenant's API may refuse /readyz
+// through its endpoint (while answering) before Ready turns False. During
+// a roll, the replica that shuts down refuses on purpose, and the load
+// balancer follows the rollout a moment later; the operator's probe runs
+// at exactly that moment, on the Deployment's status change.
+const readyRefusalGrace = 5 * time.Second
+
+// briefRefusal reports a refusal of a Ready tenant that has lasted less
+// than readyRefusalGrace. Anything else ends the grace: no answer at all
+// counts at once.
+func (r *TenantControlPlaneReconciler) briefRefusal(tcp *apiary.TenantControlPlane, err error) bool {
+	var refused *readyzRefused
+	if !errors.As(err, &refused) || !meta.IsStatusConditionTrue(tcp.Status.Conditions, apiary.ConditionReady) {
+		r.refusals.Delete(tcp.UID)
+		return false
+	}
+	first, _ := r.refusals.LoadOrStore(tcp.UID, r.Now())
+	return r.Now().Sub(first.(time.Time)) < readyRefusalGrace
 }
 
 // backoff retries every second for apiUnreachableFastPoll after the
@@ -100,34 +126,63 @@ func (r *TenantControlPlaneReconciler) backoff(tcp *apiary.TenantControlPlane, c
 }
 
 func probeAPI(ctx context.Context, ca *pki.KeyPair, ep render.Endpoint) error {
-	return getReadyz(ctx, ca, "", ep.URL())
+	return getReadyz(ctx, ca, "", ep.URL(), readyzAttempts)
 }
 
 // getReadyz asks base+"/readyz" for 200, trusting only the tenant CA;
 // serverName, when set, is the name the certificate must carry (a host
 // probed at its own address serves the endpoint's certificate).
-func getReadyz(ctx context.Context, ca *pki.KeyPair, serverName, base string) error {
+func getReadyz(ctx context.Context, ca *pki.KeyPair, serverName, base string, attempts int) error {
 	if ca == nil {
 		return fmt.Errorf("no tenant CA")
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
+	// A new connection per attempt: behind a load balancer, a refusal
+	// comes from one replica. A replica that is shutting down answers
+	// /readyz with 500 on purpose, and the load balancer may still pick it
+	// for a moment while another serves: through the endpoint, a refusal
+	// is asked again on a new connection before it counts (attempts). No
+	// answer at all is final.
 	hc := &http.Client{
 		Timeout:   2 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}},
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true},
 	}
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
-	if err != nil {
-		return err
+	var refused error
+	for attempt := range max(attempts, 1) {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(readyzRetryAfter):
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return fmt.Errorf("GET %s/readyz: %w", base, err)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		refused = &readyzRefused{url: base + "/readyz", status: resp.Status}
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("GET %s/readyz: %w", base, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s/readyz: %s", base, resp.Status)
-	}
-	return nil
+	return refused
 }
+
+// readyzRefused: a kube-apiserver answered /readyz, not with 200.
+type readyzRefused struct{ url, status string }
+
+func (e *readyzRefused) Error() string { return "GET " + e.url + ": " + e.status }
+
+// A /readyz refusal through the endpoint is asked this many times, this
+// far apart.
+const (
+	readyzAttempts   = 3
+	readyzRetryAfter = 300 * time.Millisecond
+)

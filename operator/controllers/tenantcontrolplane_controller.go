@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -99,6 +100,9 @@ type TenantControlPlaneReconciler struct {
 	BootstrapResync time.Duration
 	// Now is the clock (tests move it to check renewal).
 	Now func() time.Time
+	// refusals: since when each Ready tenant's API has refused /readyz
+	// (tenant UID → time.Time), see briefRefusal.
+	refusals sync.Map
 	// NetworkPolicy, when set, confines each tenant's control-plane pods
 	// with a NetworkPolicy of these inputs.
 	NetworkPolicy *render.PolicyInputs
