@@ -52,11 +52,13 @@ func (t tenantSecrets) secret(kind render.SecretKind, data map[string][]byte) *c
 // lifetime reads the defaulted spec, with the defaults for an object
 // written while the defaulting webhook was down.
 func (t tenantSecrets) lifetime() (validity, renewBefore time.Duration) {
-	validity, renewBefore = apiary.DefaultCertificateValidity, apiary.DefaultCertificateRenewBefore
-	if c := t.tcp.Spec.Certificates; c.Validity != nil {
+	c := t.tcp.Spec.Certificates
+	validity = apiary.DefaultCertificateValidity
+	if c.Validity != nil {
 		validity = c.Validity.Duration
 	}
-	if c := t.tcp.Spec.Certificates; c.RenewBefore != nil {
+	renewBefore = apiary.DefaultRenewBefore(validity)
+	if c.RenewBefore != nil {
 		renewBefore = c.RenewBefore.Duration
 	}
 	return validity, renewBefore

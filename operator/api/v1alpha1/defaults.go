@@ -67,13 +67,20 @@ func (t *TenantControlPlane) Default() {
 		c.Validity = &metav1.Duration{Duration: DefaultCertificateValidity}
 	}
 	if c.RenewBefore == nil {
-		c.RenewBefore = &metav1.Duration{Duration: DefaultCertificateRenewBefore}
+		c.RenewBefore = &metav1.Duration{Duration: DefaultRenewBefore(c.Validity.Duration)}
 	}
 	for _, a := range []*AddonSpec{&s.Addons.CoreDNS, &s.Addons.KubeProxy, &s.Addons.Konnectivity} {
 		if a.Enabled == nil {
 			a.Enabled = ptr.To(true)
 		}
 	}
+}
+
+// DefaultRenewBefore is renewBefore when unset: 30 days, or a third of a
+// shorter validity (at least a minute), so that setting only a short
+// validity is valid.
+func DefaultRenewBefore(validity time.Duration) time.Duration {
+	return max(min(DefaultCertificateRenewBefore, validity/3), time.Minute)
 }
 
 // NthIP returns the n-th address of a CIDR (0 is the network address), and

@@ -178,3 +178,18 @@ func TestNthIP(t *testing.T) {
 		}
 	}
 }
+
+func TestDefaultRenewBeforeFollowsAShortValidity(t *testing.T) {
+	for _, tt := range []struct{ validity, want time.Duration }{
+		{8760 * time.Hour, 720 * time.Hour},
+		{24 * time.Hour, 8 * time.Hour},
+		{10 * time.Minute, 200 * time.Second},
+		{2 * time.Minute, time.Minute},
+	} {
+		tcp := &TenantControlPlane{Spec: TenantControlPlaneSpec{Certificates: CertificatesSpec{Validity: &metav1.Duration{Duration: tt.validity}}}}
+		tcp.Default()
+		if got := tcp.Spec.Certificates.RenewBefore.Duration; got != tt.want {
+			t.Errorf("validity %s: renewBefore defaulted to %s, want %s", tt.validity, got, tt.want)
+		}
+	}
+}

@@ -137,7 +137,8 @@ type CertificatesSpec struct {
 	// +optional
 	Validity *metav1.Duration `json:"validity,omitempty"`
 	// RenewBefore: a certificate is re-issued once less than this remains
-	// of it (default 720h, 30 days), whether or not anything else changes.
+	// of it (default 720h, 30 days, or a third of a shorter validity, at
+	// least 1m), whether or not anything else changes.
 	// At least 1m and at most half the validity. Certificates issued
 	// together are renewed together, so the control plane rolls once.
 	// +optional
