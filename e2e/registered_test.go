@@ -5,6 +5,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/url"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/apiaryhq/apiary/cli"
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
 	"github.com/apiaryhq/apiary/konnectivity"
@@ -152,6 +155,7 @@ func (e *env) testRegisteredTenant(t *testing.T, d *sshhost.Docker, image string
 	}
 
 	t.Run("ControlPlaneHostLeavesAndReturns", func(t *testing.T) { e.testHostLeavesAndReturns(t, d, machines) })
+	t.Run("CertificatesRotatedHostByHost", func(t *testing.T) { e.testRegisteredRotation(t, machines) })
 	t.Run("SwitchThroughKillsAndATakenPort", func(t *testing.T) { e.testSwitchThroughFailures(t, d, machines, pods) })
 
 	// Deleted in registered mode, the tenant takes its control plane off
@@ -411,6 +415,77 @@ func (e *env) testHostLeavesAndReturns(t *testing.T, d *sshhost.Docker, machines
 	e.checkHostsOnly(t, tcp, machines["reg-cp-1"].Address, machines["reg-cp-2"].Address)
 	time.Sleep(2 * time.Second)
 	t.Logf("FIGURE control-plane Host removed in %s, added back in %s; %s", left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), c.check(t))
+}
+
+// testRegisteredRotation (issue 10's day 2, issue 12's rotation): in
+// registered mode, "apiary certs rotate" re-issues the leaves and the
+// hosts take the new files one at a time, each out of the Service while
+// it restarts, while clients see no failed request; each host's
+// kube-apiserver then presents the new serving certificate.
+func (e *env) testRegisteredRotation(t *testing.T, machines map[string]*sshhost.Host) {
+	const name = registeredTenant
+	hostNames := []string{"reg-cp-1", "reg-cp-2"}
+	c := e.startClients(t, name, "rotate")
+	time.Sleep(2 * time.Second)
+	hashBefore := map[string]string{}
+	for _, h := range e.TCP(t, name).Status.ControlPlaneHosts {
+		hashBefore[h.Host] = h.ConfigHash
+	}
+
+	start := time.Now()
+	var out, errOut strings.Builder
+	cmd := cli.NewCertsCommand(&cli.ConfigFlags{Kubeconfig: e.Kubeconfig, Namespace: framework.TenantsNS})
+	cmd.SetArgs([]string{"rotate", name, "--yes", "--wait", "1m"})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	if err := cmd.ExecuteContext(e.Ctx); err != nil {
+		t.Fatalf("apiary certs rotate: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	var tcp *apiary.TenantControlPlane
+	framework.Eventually(t, "both hosts updated with the rotated credentials", 5*time.Minute, func() error {
+		tcp = e.TCP(t, name)
+		for _, h := range tcp.Status.ControlPlaneHosts {
+			if h.Step != apiary.HostStepUpdate || h.Result != controllers.StepSucceeded || !h.Serving || h.ConfigHash == hashBefore[h.Host] {
+				return fmt.Errorf("Host %s: step %s %s, serving %t, config changed %t: %s", h.Host, h.Step, h.Result, h.Serving, h.ConfigHash != hashBefore[h.Host], h.Message)
+			}
+		}
+		return nil
+	})
+	took := time.Since(start)
+	e.waitServing(t, name, hostNames...)
+	// One host at a time.
+	hs := tcp.Status.ControlPlaneHosts
+	if len(hs) != 2 {
+		t.Fatalf("status.controlPlaneHosts %+v", hs)
+	}
+	first, second := hs[0], hs[1]
+	if second.Started.Before(&first.Started) {
+		first, second = second, first
+	}
+	if first.Finished == nil || second.Finished == nil {
+		t.Fatalf("an update without an end: %+v", hs)
+	}
+	if second.Started.Time.Before(first.Finished.Time) {
+		t.Errorf("the hosts were updated together: %s %s–%v, %s from %s", first.Host, first.Started, first.Finished, second.Host, second.Started)
+	}
+	// Each host serves the rotated certificate.
+	serving := tenantSecret(t, e, tcp, render.SecretAPIServer)[render.KeyTLSCert]
+	for _, hn := range hostNames {
+		addr := net.JoinHostPort(machines[hn].Address, "6443")
+		conn, err := (&tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}}).DialContext(e.Ctx, "tcp", addr) //nolint:gosec // reads the presented certificate only
+		if err != nil {
+			t.Errorf("TLS to %s's kube-apiserver: %v", hn, err)
+			continue
+		}
+		got := conn.(*tls.Conn).ConnectionState().PeerCertificates[0].Raw
+		conn.Close()
+		if block, _ := pem.Decode(serving); block == nil || !bytes.Equal(block.Bytes, got) {
+			t.Errorf("%s's kube-apiserver does not present the rotated serving certificate", hn)
+		}
+	}
+	t.Logf("FIGURE registered, 2 control-plane hosts: certificates rotated and both hosts updated one at a time in %s (%s %s, %s %s); %s",
+		took.Round(100*time.Millisecond), first.Host, first.Finished.Sub(first.Started.Time).Round(100*time.Millisecond),
+		second.Host, second.Finished.Sub(second.Started.Time).Round(100*time.Millisecond), c.check(t))
 }
 
 func (e *env) hostExec(d *sshhost.Docker, h *sshhost.Host, script string) (string, error) {
