@@ -45,11 +45,15 @@ func newCertsRotateCommand(flags *ConfigFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rotate NAME",
 		Short: "Re-issue every leaf certificate of a tenant now",
-		Long: `Re-issue every leaf certificate of a tenant now, for example after a key may
-have leaked. The certificate authorities stay, so kubeconfigs exported before
-keep working until their certificates expire; the control plane rolls once,
-with no failed request (hosted pods one at a time; in registered mode host
-by host).
+		Long: `Re-issue every leaf certificate of a tenant now. The certificate authorities
+stay, so kubeconfigs exported before keep working until their certificates
+expire; the control plane rolls once, with no failed request (hosted pods one
+at a time; in registered mode host by host).
+
+A rotation does not revoke the old certificates: a leaked one stays valid
+until it expires (only rotating the CA, not built yet, would end it). The
+exported admin kubeconfig's group, kubeadm:cluster-admins, can be unbound
+inside the tenant to cut off every certificate in it.
 
 It sets the annotation apiary.dev/rotate-certificates to a new token (the
 time of the request); the operator records the rotation in
