@@ -38,7 +38,7 @@ const (
 	// DueForRenewal starts the Problem of a certificate past its RenewAt,
 	// which callers report as a renewal rather than a repair.
 	DueForRenewal = "due for renewal"
-	// maxRenewWindow bounds the renewal window (see RenewAt).
+	// maxRenewWindow bounds the renewal window (see RenewWindow).
 	maxRenewWindow = time.Hour
 
 	// clockSkew backdates NotBefore so that a certificate issued here is
@@ -93,13 +93,21 @@ func (req Request) renewBefore() time.Duration {
 }
 
 // RenewAt is when a certificate issued for req is due for renewal:
-// RenewBefore ahead of its expiry, less a window of a twentieth of the
-// validity (an hour at most). The window makes certificates issued moments
-// apart due in the same pass, so that their consumers restart once, not once
-// per certificate.
+// RenewBefore ahead of its expiry.
 func RenewAt(cert *x509.Certificate, req Request) time.Time {
-	window := min(req.validity()/20, maxRenewWindow)
-	return cert.NotAfter.Add(-req.renewBefore() - window)
+	return cert.NotAfter.Add(-req.renewBefore())
+}
+
+// RenewWindow is how far ahead of their RenewAt certificates are renewed
+// along with one that is due: a twentieth of the validity, an hour at most.
+// Certificates issued moments apart (a second boundary between them is
+// enough) are then renewed in one pass, and their consumers restart once,
+// not once per certificate.
+func RenewWindow(validity time.Duration) time.Duration {
+	if validity <= 0 {
+		validity = LeafValidity
+	}
+	return min(validity/20, maxRenewWindow)
 }
 
 func newKey() (*ecdsa.PrivateKey, error) {
@@ -204,7 +212,9 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 }
 
 // Problem says why an existing certificate cannot be kept; empty when it can.
-// It is used for status messages and events, so it names the cause.
+// It is used for status messages and events, so it names the cause. now is
+// the time the certificate is judged at: a caller renewing certificates
+// together passes a moment up to RenewWindow ahead.
 func Problem(cert *x509.Certificate, ca *x509.Certificate, req Request, now time.Time) string {
 	if err := cert.CheckSignatureFrom(ca); err != nil {
 		return "not signed by the current CA"

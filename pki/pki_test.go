@@ -335,29 +335,22 @@ func TestSignValidity(t *testing.T) {
 	}
 }
 
-func TestRenewAt(t *testing.T) {
+func TestRenewAtAndWindow(t *testing.T) {
 	ca := newTestCA(t, "ca")
-	for _, tt := range []struct {
-		validity, renewBefore time.Duration
-		before                time.Duration // RenewAt is this long before NotAfter
-	}{
-		{0, 0, RenewBefore + time.Hour}, // a year: window capped at an hour
-		{4 * time.Minute, 0, 0},         // renewBefore longer than the life: due at once (see below)
-		{10 * time.Minute, 4 * time.Minute, 4*time.Minute + 30*time.Second},
-		{20 * time.Hour, 5 * time.Hour, 6 * time.Hour},
+	req := clientRequest()
+	req.Validity, req.RenewBefore = 10*time.Minute, 4*time.Minute
+	kp := sign(t, ca, req)
+	if got := kp.Cert.NotAfter.Sub(RenewAt(kp.Cert, req)); got != 4*time.Minute {
+		t.Errorf("RenewAt %s before NotAfter, want renewBefore 4m", got)
+	}
+	for _, tt := range []struct{ validity, want time.Duration }{
+		{0, time.Hour}, // a year: capped at an hour
+		{10 * time.Minute, 30 * time.Second},
+		{2 * time.Minute, 6 * time.Second},
+		{20 * time.Hour, time.Hour},
 	} {
-		req := clientRequest()
-		req.Validity, req.RenewBefore = tt.validity, tt.renewBefore
-		kp := sign(t, ca, req)
-		got := kp.Cert.NotAfter.Sub(RenewAt(kp.Cert, req))
-		if tt.before == 0 {
-			if !RenewAt(kp.Cert, req).Before(time.Now()) {
-				t.Errorf("validity %s with the default renewBefore: RenewAt %s not yet due", tt.validity, RenewAt(kp.Cert, req))
-			}
-			continue
-		}
-		if got != tt.before {
-			t.Errorf("validity %s renewBefore %s: RenewAt %s before NotAfter, want %s", tt.validity, tt.renewBefore, got, tt.before)
+		if got := RenewWindow(tt.validity); got != tt.want {
+			t.Errorf("RenewWindow(%s) = %s, want %s", tt.validity, got, tt.want)
 		}
 	}
 }
@@ -517,7 +510,7 @@ func TestProblem(t *testing.T) {
 			r.IPs = []net.IP{net.ParseIP("10.96.0.1").To16()}
 		}), now: now},
 		{name: "renewal threshold not reached", cert: cert, ca: ca.Cert, req: req, now: RenewAt(cert, req).Add(-time.Second)},
-		{name: "renewal window of an hour for a year", cert: cert, ca: ca.Cert, req: req, now: cert.NotAfter.Add(-RenewBefore - time.Hour),
+		{name: "due at RenewAt", cert: cert, ca: ca.Cert, req: req, now: cert.NotAfter.Add(-RenewBefore),
 			want: []string{"due for renewal", "renewed 720h0m0s before"}},
 		{name: "renewBefore of the request", cert: cert, ca: ca.Cert, req: with(func(r *Request) { r.RenewBefore = 100 * 24 * time.Hour }),
 			now: cert.NotAfter.Add(-99 * 24 * time.Hour), want: []string{"due for renewal", "renewed 2400h0m0s before"}},

@@ -100,6 +100,9 @@ type credentials struct {
 	// (created or repaired), Renewed (due) and Rotated (asked for).
 	issued map[string][]string
 	certs  []apiary.CertificateStatus
+	// renewAhead: leaves are judged this far ahead of now, so that those
+	// due within the renewal window of one due now are renewed with it.
+	renewAhead time.Duration
 	// rotation is the token of the last rotation asked for: a leaf whose
 	// Secret does not carry it is re-issued, and every leaf written
 	// carries it. Clocks play no part: a token is answered once.
@@ -221,6 +224,24 @@ func (cr *credentials) record(kind render.SecretKind, name string, kp *pki.KeyPa
 		st.RenewAt = ptr.To(metav1.NewTime(pki.RenewAt(kp.Cert, *req).UTC()))
 	}
 	cr.certs = append(cr.certs, st)
+}
+
+// judgeAt is the moment leaves are judged at (see renewAhead).
+func (cr *credentials) judgeAt() time.Time { return cr.now.Add(cr.renewAhead) }
+
+// renewTogether looks at the leaves as last recorded: when one is due now,
+// every leaf due within the renewal window is renewed in this pass too.
+// Leaves issued moments apart (across a second boundary is enough) have
+// renewal points seconds apart; renewed one by one, each would restart
+// the control plane.
+func (cr *credentials) renewTogether(recorded []apiary.CertificateStatus) {
+	validity, _ := cr.set.lifetime()
+	for _, c := range recorded {
+		if c.RenewAt != nil && !cr.now.Before(c.RenewAt.Time) {
+			cr.renewAhead = pki.RenewWindow(validity)
+			return
+		}
+	}
 }
 
 // withLifetime sets the set's validity and renewal point on a request.
@@ -357,7 +378,7 @@ func (cr *credentials) leafProblem(data map[string][]byte, ca *pki.KeyPair, req 
 			return nil, k + " changed"
 		}
 	}
-	return kp, pki.Problem(kp.Cert, ca.Cert, req, cr.now)
+	return kp, pki.Problem(kp.Cert, ca.Cert, req, cr.judgeAt())
 }
 
 // serviceAccountKey keeps or issues the service-account signing key pair.
@@ -446,7 +467,7 @@ func (cr *credentials) kubeconfigProblem(data map[string][]byte, ca *pki.KeyPair
 		if err != nil {
 			return nil, want.key + " client credentials unreadable: " + err.Error()
 		}
-		if problem := pki.Problem(kp.Cert, ca.Cert, req, cr.now); problem != "" {
+		if problem := pki.Problem(kp.Cert, ca.Cert, req, cr.judgeAt()); problem != "" {
 			return nil, want.key + " client certificate " + problem
 		}
 	}

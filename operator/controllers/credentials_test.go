@@ -58,3 +58,22 @@ func TestIssuedEvents(t *testing.T) {
 		t.Errorf("events returned twice: %q", again)
 	}
 }
+
+func TestRenewTogether(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(d))) }
+	tcp := &apiary.TenantControlPlane{Spec: apiary.TenantControlPlaneSpec{Certificates: apiary.CertificatesSpec{
+		Validity: &metav1.Duration{Duration: 2 * time.Minute}, RenewBefore: &metav1.Duration{Duration: time.Minute}}}}
+	cr := &credentials{set: tenantSecrets{tcp}, now: now}
+	// None due: judged now.
+	cr.renewTogether([]apiary.CertificateStatus{{Name: "ca"}, {Name: "apiserver", RenewAt: at(time.Second)}})
+	if !cr.judgeAt().Equal(now) {
+		t.Errorf("nothing due: judged at %s, want now", cr.judgeAt())
+	}
+	// One due (issued a second before the others): all within the window
+	// (2m/20 = 6 s) go with it.
+	cr.renewTogether([]apiary.CertificateStatus{{Name: "apiserver", RenewAt: at(time.Second)}, {Name: "admin", RenewAt: at(0)}})
+	if want := now.Add(6 * time.Second); !cr.judgeAt().Equal(want) {
+		t.Errorf("one due: judged at %s, want %s", cr.judgeAt(), want)
+	}
+}

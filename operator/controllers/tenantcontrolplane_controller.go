@@ -295,6 +295,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 		return ctrl.Result{}, err
 	}
 	cr.rotation = r.rotation(tcp)
+	cr.renewTogether(tcp.Status.Certificates)
 	ca, err := r.issueBase(ctx, tcp, cr, ds, dsCfg)
 	if err != nil {
 		return ctrl.Result{}, r.credentialsFailed(tcp, cr, err)
