@@ -178,7 +178,7 @@ func (cr *credentials) write(ctx context.Context, kind render.SecretKind, data m
 	cr.data[kind] = data
 	reason := ReasonIssued
 	switch {
-	case strings.HasPrefix(why, pki.DueForRenewal) || strings.Contains(why, "client certificate "+pki.DueForRenewal):
+	case strings.Contains(why, pki.DueForRenewal): // a kubeconfig's says which key
 		reason = ReasonRenewed
 	case cr.rotation != "" && why == rotationWhy(cr.rotation):
 		reason = ReasonRotated

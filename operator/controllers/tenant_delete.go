@@ -30,6 +30,7 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 		return ctrl.Result{}, nil
 	}
 	logger := log.FromContext(ctx)
+	r.refusals.Delete(tcp.UID)
 	// In a namespace being deleted, the namespace controller deletes every
 	// object of the tenant there (its Secrets too), and may already have
 	// deleted the Role that lets the operator do it: only the etcd slice,
