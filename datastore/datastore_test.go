@@ -334,7 +334,8 @@ func TestCheckNothingListening(t *testing.T) {
 
 func TestPoolCachesByConfig(t *testing.T) {
 	cfg, _ := newTestConfig(t)
-	p := NewPool()
+	const grace = 200 * time.Millisecond
+	p := NewPoolWithGrace(grace)
 	defer p.Close()
 	ctx := context.Background()
 
@@ -366,8 +367,13 @@ func TestPoolCachesByConfig(t *testing.T) {
 	if c == a {
 		t.Fatal("changed config: got the old client")
 	}
+	// Reconciles still holding the replaced client finish their calls.
+	if a.etcd.Ctx().Err() != nil {
+		t.Error("replaced client was closed at once, not after the grace period")
+	}
+	time.Sleep(3 * grace)
 	if a.etcd.Ctx().Err() == nil {
-		t.Error("replaced client was not closed")
+		t.Error("replaced client was not closed after the grace period")
 	}
 
 	bad := cfg

@@ -806,7 +806,8 @@ func TestPool(t *testing.T) {
 	t.Parallel()
 	s := etcdtest.Start(t)
 	ctx := testContext(t)
-	p := datastore.NewPool()
+	const grace = 500 * time.Millisecond
+	p := datastore.NewPoolWithGrace(grace)
 	defer p.Close()
 
 	cfg := s.Config()
@@ -835,10 +836,16 @@ func TestPool(t *testing.T) {
 	if err := c2.Check(ctx); err != nil {
 		t.Fatalf("Check with the rotated certificate: %v", err)
 	}
+	// Until the grace period ends, a reconcile holding the replaced
+	// client finishes its calls; after it, the client is closed.
+	if err := c1.Check(ctx); err != nil {
+		t.Errorf("the replaced client failed within the grace period: %v", err)
+	}
+	time.Sleep(2 * grace)
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if err := c1.Check(short); err == nil {
-		t.Error("the replaced client still works: it was not closed")
+		t.Error("the replaced client still works after the grace period: it was not closed")
 	}
 }
 

@@ -2,9 +2,11 @@ package datastore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // MemberState is what one member says about itself and the raft log.
@@ -62,4 +64,69 @@ func (c *Client) MoveLeader(ctx context.Context, leaderEndpoint string, to uint6
 // String is for messages.
 func (m MemberState) String() string {
 	return fmt.Sprintf("%s (member %x, leader %x, index %d, applied %d)", m.Endpoint, m.ID, m.Leader, m.RaftIndex, m.AppliedIndex)
+}
+
+// Member is one member as etcd's member list has it.
+type Member struct {
+	ID uint64
+	// Name is empty for a member added but not started yet.
+	Name     string
+	PeerURLs []string
+	Learner  bool
+}
+
+// ErrLearnerBehind: etcd refuses to promote a learner that has not caught
+// up with the leader's log yet; the caller tries again later.
+var ErrLearnerBehind = errors.New("the learner has not caught up with the leader yet")
+
+// Members lists the cluster's members, learners included, as the quorum
+// agrees on them (a linearizable read).
+func (c *Client) Members(ctx context.Context) ([]Member, error) {
+	resp, err := c.etcd.MemberList(ctx)
+	if err != nil {
+		return nil, c.explain(ctx, err, "listing the etcd members")
+	}
+	out := make([]Member, 0, len(resp.Members))
+	for _, m := range resp.Members {
+		out = append(out, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, Learner: m.IsLearner})
+	}
+	return out, nil
+}
+
+// AddLearner adds a member that receives the log but does not vote (and so
+// cannot cost the cluster its quorum) until Promote.
+func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, error) {
+	resp, err := c.etcd.MemberAddAsLearner(ctx, []string{peerURL})
+	if err != nil {
+		return Member{}, wrapf(err, "adding etcd learner %s", peerURL)
+	}
+	return Member{ID: resp.Member.ID, PeerURLs: resp.Member.PeerURLs, Learner: true}, nil
+}
+
+// Promote makes a learner a voting member. It returns ErrLearnerBehind
+// while etcd finds the learner behind, and nil for a member that already
+// votes (a promotion whose answer was lost).
+func (c *Client) Promote(ctx context.Context, id uint64) error {
+	_, err := c.etcd.MemberPromote(ctx, id)
+	switch {
+	case err == nil, isEtcd(err, rpctypes.ErrMemberNotLearner):
+		return nil
+	case isEtcd(err, rpctypes.ErrMemberLearnerNotReady):
+		return ErrLearnerBehind
+	}
+	return wrapf(err, "promoting etcd member %x", id)
+}
+
+// RemoveMember removes a member; a member already gone is no error.
+func (c *Client) RemoveMember(ctx context.Context, id uint64) error {
+	if _, err := c.etcd.MemberRemove(ctx, id); err != nil && !isEtcd(err, rpctypes.ErrMemberNotFound) {
+		return wrapf(err, "removing etcd member %x", id)
+	}
+	return nil
+}
+
+// isEtcd tells an etcd server error whether the client passes it on as
+// gRPC status or already converted.
+func isEtcd(err, target error) bool {
+	return errors.Is(err, target) || errors.Is(rpctypes.Error(err), target)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // Pool caches one Client per DataStore name and replaces it when the
@@ -11,14 +12,21 @@ import (
 // safe for concurrent use.
 //
 // A Client returned by Get belongs to the pool: callers must not Close it.
-// It stays usable until the pool replaces it (Get with another Config),
-// Forget or Close; calls in flight then fail and are retried by the next
-// reconcile.
+// It stays usable for ReplacedGrace after the pool replaces it (Get with
+// another Config), and until Forget or Close; calls in flight then fail and
+// are retried by the next reconcile.
 type Pool struct {
 	mu      sync.Mutex
 	clients map[string]*pooled
 	closed  bool
+	grace   time.Duration
 }
+
+// ReplacedGrace is how long a replaced client stays open. A managed etcd's
+// endpoints change with every membership step, while other reconciles may
+// still hold the previous client: closing it at once would fail their
+// calls with "canceled" (and flap a Ready condition).
+const ReplacedGrace = time.Minute
 
 type pooled struct {
 	hash   string
@@ -26,8 +34,12 @@ type pooled struct {
 }
 
 // NewPool returns an empty pool.
-func NewPool() *Pool {
-	return &Pool{clients: map[string]*pooled{}}
+func NewPool() *Pool { return NewPoolWithGrace(ReplacedGrace) }
+
+// NewPoolWithGrace returns an empty pool that closes a replaced client
+// after grace.
+func NewPoolWithGrace(grace time.Duration) *Pool {
+	return &Pool{clients: map[string]*pooled{}, grace: grace}
 }
 
 // Get returns the client of the named DataStore, connecting when there is
@@ -63,7 +75,8 @@ func (p *Pool) Get(ctx context.Context, name string, cfg Config) (*Client, error
 			_ = c.Close()
 			return e.client, nil
 		}
-		_ = e.client.Close()
+		old := e.client
+		time.AfterFunc(p.grace, func() { _ = old.Close() })
 	}
 	p.clients[name] = &pooled{hash: hash, client: c}
 	return c, nil
