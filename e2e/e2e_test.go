@@ -620,7 +620,9 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 	// Members keep their data in claims, as in production: the local
 	// cluster has no provisioner, so the test provides static hostPath
 	// volumes.
-	class := staticVolumes(t, e, "trio", 3)
+	// Ten: three members, a replaced one and the new members of two
+	// scales up (a released claim's volume is not reused).
+	class := staticVolumes(t, e, "trio", 10)
 	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "trio"}, Spec: apiary.DataStoreSpec{
 		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{StorageClassName: &class}},
 	}}
@@ -696,6 +698,7 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 		framework.Kubectl(t, kc, "get", "namespace", ns)
 	}
 	t.Run("MovesToThePeerCAWithoutOutage", func(t *testing.T) { e.testPeerCAMove(t, ds) })
+	t.Run("ScalesAndHeals", e.testEtcdScalesAndHeals)
 
 	if err := e.C.Delete(e.Ctx, e.TCP(t, "on-trio")); err != nil {
 		t.Fatal(err)

@@ -336,6 +336,13 @@ type clients struct {
 
 func (e *env) startClients(t *testing.T, name, ns string) *clients {
 	t.Helper()
+	return e.startClientsRetrying(t, name, ns, 0)
+}
+
+// startClientsRetrying is startClients with a writer that tries a failed
+// write again for up to retry.
+func (e *env) startClientsRetrying(t *testing.T, name, ns string, retry time.Duration) *clients {
+	t.Helper()
 	kc := e.ExportKubeconfig(t, name)
 	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
 	if err != nil {
@@ -346,7 +353,7 @@ func (e *env) startClients(t *testing.T, name, ns string) *clients {
 	if _, err := cs.CoreV1().Namespaces().Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	c := &clients{p: e.newPoller(t, name), w: &writer{cs: cs, ns: ns}}
+	c := &clients{p: e.newPoller(t, name), w: &writer{cs: cs, ns: ns, retry: retry}}
 	ctx, cancel := context.WithCancel(e.Ctx)
 	c.cancel = cancel
 	c.wg.Add(2)
@@ -386,8 +393,8 @@ func (c *clients) check(t *testing.T) string {
 	if c.p.ok.Load() < 50 || c.w.ok.Load() < 50 {
 		t.Errorf("too few requests to tell: %d, %d", c.p.ok.Load(), c.w.ok.Load())
 	}
-	return fmt.Sprintf("/version every 100 ms: %d OK, %d failed, slowest %s; ConfigMap write+read every 100 ms: %d OK, %d failed, %d lost, longest gap %s",
-		c.p.ok.Load(), c.p.failed.Load(), c.p.slowest.Round(time.Millisecond), c.w.ok.Load(), c.w.failed.Load(), lost, c.w.longest.Round(time.Millisecond))
+	return fmt.Sprintf("/version every 100 ms: %d OK, %d failed, slowest %s; ConfigMap write+read every 100 ms: %d OK, %d failed (%d retries), %d lost, longest gap %s",
+		c.p.ok.Load(), c.p.failed.Load(), c.p.slowest.Round(time.Millisecond), c.w.ok.Load(), c.w.failed.Load(), c.w.retried.Load(), lost, c.w.longest.Round(time.Millisecond))
 }
 
 // testHostLeavesAndReturns: in registered mode, one control-plane Host

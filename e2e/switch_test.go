@@ -120,9 +120,13 @@ func (e *env) waitMode(t *testing.T, name string, mode apiary.Mode, timeout time
 // writer creates a ConfigMap in the tenant and reads it back every
 // 100 ms, and counts what failed and the longest time without a success.
 type writer struct {
-	cs           kubernetes.Interface
-	ns           string
+	cs kubernetes.Interface
+	ns string
+	// retry, when set, is how long a failed write is tried again (as a
+	// client with a bounded retry would) before it counts as failed.
+	retry        time.Duration
 	ok, failed   atomic.Int64
+	retried      atomic.Int64
 	mu           sync.Mutex
 	lastGood     time.Time
 	longest      time.Duration
@@ -134,12 +138,12 @@ func (w *writer) run(ctx context.Context) {
 	w.lastGood = time.Now()
 	for i := 0; ctx.Err() == nil; i++ {
 		name := fmt.Sprintf("w-%05d", i)
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := w.cs.CoreV1().ConfigMaps(w.ns).Create(rctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
-		if err == nil {
-			_, err = w.cs.CoreV1().ConfigMaps(w.ns).Get(rctx, name, metav1.GetOptions{})
+		err := w.write(ctx, name)
+		for first := time.Now(); err != nil && ctx.Err() == nil && time.Since(first) < w.retry; {
+			w.retried.Add(1)
+			time.Sleep(200 * time.Millisecond)
+			err = w.write(ctx, name)
 		}
-		cancel()
 		now := time.Now()
 		w.mu.Lock()
 		if err == nil {
@@ -156,6 +160,18 @@ func (w *writer) run(ctx context.Context) {
 		w.mu.Unlock()
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// write creates ConfigMap name and reads it back; one created by an
+// earlier try whose answer was lost counts.
+func (w *writer) write(ctx context.Context, name string) error {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := w.cs.CoreV1().ConfigMaps(w.ns).Create(rctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
+	if err == nil || w.retry > 0 && apierrors.IsAlreadyExists(err) {
+		_, err = w.cs.CoreV1().ConfigMaps(w.ns).Get(rctx, name, metav1.GetOptions{})
+	}
+	return err
 }
 
 // testSwitchBothWays switches the shared tenant alpha from standalone to

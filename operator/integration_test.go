@@ -1558,10 +1558,35 @@ func (s *suite) testManagedDataStore(t *testing.T) {
 		t.Errorf("Ready message %q", c.Message)
 	}
 	s.testHostAccess(t, ds)
-	// Replicas cannot change yet.
+	// The members ConfigMap says which cluster a member starts into:
+	// before etcd was listed, the bootstrap members form a new one.
+	var members corev1.ConfigMap
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd-members"}, &members))
+	if members.Data[managedetcd.KeyInitialClusterState] != "new" || strings.Count(members.Data[managedetcd.KeyInitialCluster], "=https://") != 3 {
+		t.Errorf("members ConfigMap %v", members.Data)
+	}
+	// Replicas may change (odd counts only). Before the cluster formed,
+	// nothing moves: the bootstrap members stay as the StatefulSet runs
+	// them until etcd can be listed.
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
+	ds.Spec.Managed.Replicas = 4
+	wantRejected(t, s.c.Update(s.ctx, ds), "spec.managed.replicas", "supported values")
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
 	ds.Spec.Managed.Replicas = 5
-	wantRejected(t, s.c.Update(s.ctx, ds), "spec.managed.replicas", "scaling a managed etcd is not supported")
+	s.must(s.c.Update(s.ctx, ds))
+	s.eventually("the scale seen", 10*time.Second, func() error {
+		var cur apiary.DataStore
+		s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, &cur))
+		if cur.Status.ObservedGeneration != cur.Generation {
+			return fmt.Errorf("observed generation %d of %d", cur.Status.ObservedGeneration, cur.Generation)
+		}
+		return nil
+	})
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd"}, &sts))
+	s.must(s.c.Get(s.ctx, client.ObjectKey{Namespace: systemNS, Name: "managed-etcd-members"}, &members))
+	if *sts.Spec.Replicas != 3 || strings.Count(members.Data[managedetcd.KeyInitialCluster], "=https://") != 3 {
+		t.Errorf("before the cluster formed, a scale to 5 changed the bootstrap: %d pods, initial cluster %s", *sts.Spec.Replicas, members.Data[managedetcd.KeyInitialCluster])
+	}
 	// Deleting an unused managed DataStore removes its etcd and Secrets.
 	s.must(s.c.Get(s.ctx, client.ObjectKey{Name: "managed"}, ds))
 	s.must(s.c.Delete(s.ctx, ds))

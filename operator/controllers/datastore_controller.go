@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -165,6 +167,10 @@ func (r *DataStoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	ds := orig.DeepCopy()
+	// The last status written, not the cache's (which may lag behind it):
+	// a reconcile that fails part-way must not write back older members.
+	base := r.statuses.base(orig.UID, orig.ResourceVersion, orig.Status)
+	base.DeepCopyInto(&ds.Status)
 
 	usedBy, err := r.tenants(ctx, ds.Name)
 	if err != nil {
@@ -311,11 +317,33 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 			return "", false, err
 		}
 	}
-	sts := managedetcd.StatefulSet(managedetcd.Inputs{
-		DataStore: ds, ClusterDomain: r.ClusterDomain, ConfigHash: etcdConfigHash(cr.data), ImageRepository: r.ImageRepository,
-		PeerCAOnly: peerCAOnly,
-	})
-	if err := apply(sts, "etcd StatefulSet"); err != nil {
+	// Until etcd was first listed the members are the bootstrap ones: as
+	// many as the StatefulSet already runs (a spec changed before the
+	// cluster formed waits for it to form).
+	listed := ds.Status.Members
+	bootstrap := ds.Spec.Managed.Replicas
+	if len(listed) == 0 {
+		listed = nil
+		var existing appsv1.StatefulSet
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Spec.Managed.Namespace, Name: managedetcd.Name(ds)}, &existing)
+		if err == nil && existing.Spec.Replicas != nil {
+			bootstrap = *existing.Spec.Replicas
+		} else if client.IgnoreNotFound(err) != nil {
+			return "", false, fmt.Errorf("reading the etcd StatefulSet: %w", err)
+		}
+	}
+	var sts *appsv1ac.StatefulSetApplyConfiguration
+	applyMembers := func(members []apiary.EtcdMember) error {
+		if err := apply(managedetcd.MembersConfigMap(ds, r.ClusterDomain, members, bootstrap), "etcd members ConfigMap"); err != nil {
+			return err
+		}
+		sts = managedetcd.StatefulSet(managedetcd.Inputs{
+			DataStore: ds, ClusterDomain: r.ClusterDomain, ConfigHash: etcdConfigHash(cr.data), ImageRepository: r.ImageRepository,
+			PeerCAOnly: peerCAOnly, Pods: managedetcd.Pods(ds, members, bootstrap),
+		})
+		return apply(sts, "etcd StatefulSet")
+	}
+	if err := applyMembers(listed); err != nil {
 		return "", false, err
 	}
 	var ready int32
@@ -324,20 +352,12 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	}
 	ds.Status.ReadyMembers = ready
 	want := ds.Spec.Managed.Replicas
-	if ready == want {
-		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionTrue, ReasonAllMembersReady, fmt.Sprintf("%d of %d etcd members ready", ready, want))
-	} else {
-		msg := fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, want, ds.Spec.Managed.Namespace, managedetcd.Name(ds))
-		if ds.Spec.Managed.Storage.EmptyDir && want > 1 {
-			// The member comes back with an empty data directory and etcd
-			// refuses to bootstrap it again ("already been bootstrapped").
-			msg += "; with emptyDir storage a member whose pod was deleted lost its data and etcd refuses to bootstrap it again; Apiary does not replace members yet, so give a DataStore of more than one member claims (spec.managed.storage without emptyDir)"
-		}
-		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionFalse, ReasonMembersUnavailable, msg)
-	}
-	// A quorum serves; enabling auth needs one.
-	if ready < want/2+1 {
-		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)), false, nil
+	// A new cluster serves once a quorum of its bootstrap members is up;
+	// enabling auth needs one. Once etcd was listed, etcd's own answers
+	// decide (a just-promoted member's pod may not be Ready yet).
+	if listed == nil && ready < bootstrap/2+1 {
+		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionFalse, ReasonMembersUnavailable, fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, bootstrap, ds.Spec.Managed.Namespace, managedetcd.Name(ds)))
+		return fmt.Sprintf("%d of %d etcd members ready in namespace %s (StatefulSet %s)", ready, bootstrap, ds.Spec.Managed.Namespace, managedetcd.Name(ds)), false, nil
 	}
 	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -352,6 +372,30 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if enabled {
 		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, "AuthEnabled", "EnableAuth", "created etcd root user and enabled authentication")
 	}
+	pods, err := r.memberPods(callCtx, ds, "")
+	if err != nil {
+		return "", false, err
+	}
+	done, err := r.reconcileMembership(callCtx, ds, dc, pods)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "changing the etcd membership")
+	}
+	// The ConfigMap and the pod count follow etcd's list, so that a new
+	// learner's pod starts (into "existing") and a removed one goes.
+	if !equality.Semantic.DeepEqual(listed, ds.Status.Members) && len(ds.Status.Members) > 0 {
+		if err := applyMembers(ds.Status.Members); err != nil {
+			return "", true, err
+		}
+	}
+	ds.Status.Endpoints, _ = connection(ds, r.ClusterDomain)
+	if !done {
+		return "", true, nil
+	}
+	if ready == want {
+		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionTrue, ReasonAllMembersReady, fmt.Sprintf("%d of %d etcd members ready", ready, want))
+	} else {
+		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionFalse, ReasonMembersUnavailable, fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)))
+	}
 	return "", r.rollMembers(callCtx, ds, sts, dc), nil
 }
 
@@ -363,6 +407,7 @@ func (r *DataStoreReconciler) deleteManaged(ctx context.Context, ds *apiary.Data
 		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: managedetcd.MembersConfigMapName(ds)}},
 		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: render.NetworkPolicyName(name)}},
 	}
 	for _, kind := range managedetcd.SecretKinds {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,6 +58,31 @@ type memberPod struct {
 	Ready      bool
 	ReadySince time.Time
 	Deleting   bool
+	// LostData: etcd's last words say the member lost its data.
+	LostData bool
+}
+
+// memberPods lists a managed etcd's pods; Updated compares with the
+// StatefulSet's update revision rev.
+func (r *DataStoreReconciler) memberPods(ctx context.Context, ds *apiary.DataStore, rev string) ([]memberPod, error) {
+	var list corev1.PodList
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(ds.Spec.Managed.Namespace), client.MatchingLabels(managedetcd.Selector(ds))); err != nil {
+		return nil, fmt.Errorf("listing the etcd member pods: %w", err)
+	}
+	pods := make([]memberPod, 0, len(list.Items))
+	for _, p := range list.Items {
+		mp := memberPod{
+			Name: p.Name, UID: p.UID, Updated: p.Labels[appsv1.ControllerRevisionHashLabelKey] == rev,
+			Deleting: !p.DeletionTimestamp.IsZero(), LostData: lostData(&p),
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				mp.Ready, mp.ReadySince = true, c.LastTransitionTime.Time
+			}
+		}
+		pods = append(pods, mp)
+	}
+	return pods, nil
 }
 
 // rollStep is the one thing a roll does now.
@@ -229,30 +253,14 @@ func (r *DataStoreReconciler) rollStep(ctx context.Context, ds *apiary.DataStore
 			deref(sts.Status.UpdatedReplicas), want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)))
 		return nil
 	}
-	var list corev1.PodList
-	if err := r.APIReader.List(ctx, &list, client.InNamespace(ds.Spec.Managed.Namespace), client.MatchingLabels(managedetcd.Selector(ds))); err != nil {
-		return fmt.Errorf("listing the etcd member pods: %w", err)
+	all, err := r.memberPods(ctx, ds, rev)
+	if err != nil {
+		return err
 	}
-	pods := make([]memberPod, 0, len(list.Items))
-	for _, p := range list.Items {
-		mp := memberPod{Name: p.Name, UID: p.UID, Updated: p.Labels[appsv1.ControllerRevisionHashLabelKey] == rev, Deleting: !p.DeletionTimestamp.IsZero()}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				mp.Ready, mp.ReadySince = true, c.LastTransitionTime.Time
-			}
-		}
-		pods = append(pods, mp)
-	}
-	members := map[string]datastore.MemberState{}
-	states, err := dc.MemberStates(ctx)
-	if err == nil {
-		for _, m := range states {
-			if u, perr := url.Parse(m.Endpoint); perr == nil {
-				// Endpoints are https://<pod>.<service>...:2379.
-				members[strings.SplitN(u.Hostname(), ".", 2)[0]] = m
-			}
-		}
-	}
+	// A pod past the members (a scale-down the StatefulSet controller has
+	// not finished) is not rolled.
+	pods := slices.DeleteFunc(all, func(p memberPod) bool { return managedetcd.MemberOrdinal(ds, p.Name) >= int32(want) })
+	members := r.memberStates(ctx, ds, dc)
 	step := planRoll(pods, members, want, r.now())
 	progress := fmt.Sprintf("%d of %d members run the current configuration", step.Updated, want)
 	switch {
@@ -260,8 +268,8 @@ func (r *DataStoreReconciler) rollStep(ctx context.Context, ds *apiary.DataStore
 		r.set(ds, apiary.ConditionMembersUpdated, metav1.ConditionTrue, ReasonMembersUpdated, fmt.Sprintf("all %d etcd members run the current configuration", want))
 		return nil
 	case step.Wait != "":
-		if err != nil && len(members) == 0 {
-			step.Wait += ": " + err.Error()
+		if len(members) == 0 {
+			step.Wait += ": no member answers"
 		}
 		r.set(ds, apiary.ConditionMembersUpdated, metav1.ConditionFalse, ReasonRolling, progress+"; next restart waits: "+step.Wait)
 		return nil

@@ -41,7 +41,7 @@ func (r *TenantControlPlaneReconciler) admitted(ctx context.Context, ds *apiary.
 }
 
 // dataStoreChangesTenants passes the DataStore changes that matter to its
-// tenants: readiness, spec, protection (finalizer) and deletion. Its tenant
+// tenants: readiness, spec, endpoints, protection (finalizer) and deletion. Its tenant
 // count changes whenever a tenant comes or goes; reacting to that would
 // reconcile every tenant of a DataStore for each new one.
 func dataStoreChangesTenants() predicate.Predicate {
@@ -56,6 +56,9 @@ func dataStoreChangesTenants() predicate.Predicate {
 		return oldDS.Generation != newDS.Generation ||
 			!oldDS.DeletionTimestamp.Equal(newDS.DeletionTimestamp) ||
 			!slices.Equal(oldDS.Finalizers, newDS.Finalizers) ||
+			// A managed etcd's voting members changed: the tenants'
+			// --etcd-servers follow them.
+			!slices.Equal(oldDS.Status.Endpoints, newDS.Status.Endpoints) ||
 			(oldReady == nil) != (newReady == nil) ||
 			(oldReady != nil && (oldReady.Status != newReady.Status || oldReady.Reason != newReady.Reason))
 	}}

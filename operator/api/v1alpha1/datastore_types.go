@@ -49,10 +49,12 @@ type ManagedEtcdStorage struct {
 // ManagedEtcd asks the operator to run the etcd of this DataStore.
 type ManagedEtcd struct {
 	// Replicas is the number of etcd members (an odd number for quorum).
-	// Changing it later is not supported yet.
+	// A change scales the members one at a time: a new member joins as a
+	// learner and votes once it has caught up; the highest ordinal leaves
+	// first, after handing over the leadership. A DataStore with emptyDir
+	// storage keeps its data only as long as its pods live.
 	// +kubebuilder:validation:Enum=1;3;5;7
 	// +kubebuilder:default=1
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.managed.replicas cannot be changed yet: scaling a managed etcd is not supported"
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
 	// Version of etcd (image registry.k8s.io/etcd:<version>-0).
@@ -195,12 +197,30 @@ type DataStoreStatus struct {
 	// ReadyMembers is the number of ready members of a managed etcd.
 	// +optional
 	ReadyMembers int32 `json:"readyMembers,omitempty"`
+	// Members of a managed etcd as etcd lists them (not as the spec asks):
+	// a scale or a replacement moves them one step at a time.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Members []EtcdMember `json:"members,omitempty"`
 	// HostEndpoints are the client URLs tenants' control-plane hosts dial
 	// (spec.hostAccess): empty while the DataStore is not reachable from
 	// hosts (condition HostAccessReady says why).
 	// +listType=atomic
 	// +optional
 	HostEndpoints []string `json:"hostEndpoints,omitempty"`
+}
+
+// EtcdMember is one member of a managed etcd.
+type EtcdMember struct {
+	// Name is the member's (its pod's) name.
+	Name string `json:"name"`
+	// ID is etcd's member ID in hex, as etcdctl prints it.
+	ID string `json:"id"`
+	// Learner: the member receives the log but does not vote yet, and
+	// serves no client.
+	// +optional
+	Learner bool `json:"learner,omitempty"`
 }
 
 // DataStore is a shared etcd on which tenant control planes store their

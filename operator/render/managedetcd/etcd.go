@@ -18,6 +18,8 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -110,16 +112,147 @@ func memberDomain(ds *apiary.DataStore, clusterDomain string) string {
 }
 
 func memberHost(ds *apiary.DataStore, i int32, clusterDomain string) string {
-	return fmt.Sprintf("%s-%d.%s", Name(ds), i, memberDomain(ds, clusterDomain))
+	return MemberName(ds, i) + "." + memberDomain(ds, clusterDomain)
 }
 
-// Endpoints are the client URLs of the members.
+// MemberName is the name of member i, and of its pod.
+func MemberName(ds *apiary.DataStore, i int32) string {
+	return fmt.Sprintf("%s-%d", Name(ds), i)
+}
+
+// MemberOrdinal is the ordinal of a member (pod) name of ds, or -1 when the
+// name is not one of ds's members.
+func MemberOrdinal(ds *apiary.DataStore, name string) int32 {
+	rest, ok := strings.CutPrefix(name, Name(ds)+"-")
+	if !ok {
+		return -1
+	}
+	n, err := strconv.ParseInt(rest, 10, 32)
+	if err != nil || n < 0 || strconv.FormatInt(n, 10) != rest {
+		return -1
+	}
+	return int32(n)
+}
+
+// claimPrefix: a member's claim is "data-<pod>", after the StatefulSet's
+// volume claim template.
+const claimPrefix = "data-"
+
+// ClaimName is the name of member i's claim.
+func ClaimName(ds *apiary.DataStore, i int32) string { return claimPrefix + MemberName(ds, i) }
+
+// ClaimOrdinal is the ordinal of a member's claim name, or -1.
+func ClaimOrdinal(ds *apiary.DataStore, name string) int32 {
+	pod, ok := strings.CutPrefix(name, claimPrefix)
+	if !ok {
+		return -1
+	}
+	return MemberOrdinal(ds, pod)
+}
+
+// PeerURL is the peer URL member i advertises.
+func PeerURL(ds *apiary.DataStore, i int32, clusterDomain string) string {
+	return "https://" + net.JoinHostPort(memberHost(ds, i, clusterDomain), strconv.Itoa(PeerPort))
+}
+
+// MemberOfURL is the name of the member of ds a peer or client URL points
+// at, or "" when it points at none.
+func MemberOfURL(ds *apiary.DataStore, rawURL, clusterDomain string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	name, domain, ok := strings.Cut(u.Hostname(), ".")
+	if !ok || domain != memberDomain(ds, clusterDomain) || MemberOrdinal(ds, name) < 0 {
+		return ""
+	}
+	return name
+}
+
+func clientURL(ds *apiary.DataStore, i int32, clusterDomain string) string {
+	return "https://" + net.JoinHostPort(memberHost(ds, i, clusterDomain), strconv.Itoa(ClientPort))
+}
+
+// Endpoints are the client URLs of the voting members: those etcd listed
+// (status.members), or the spec's before etcd was listed. A learner
+// refuses clients, and clients do not retry that refusal elsewhere.
 func Endpoints(ds *apiary.DataStore, clusterDomain string) []string {
-	var eps []string
-	for i := range ds.Spec.Managed.Replicas {
-		eps = append(eps, fmt.Sprintf("https://%s", net.JoinHostPort(memberHost(ds, i, clusterDomain), fmt.Sprint(ClientPort))))
+	var ordinals []int32
+	for _, m := range ds.Status.Members {
+		if i := MemberOrdinal(ds, m.Name); i >= 0 && !m.Learner {
+			ordinals = append(ordinals, i)
+		}
+	}
+	if len(ordinals) == 0 {
+		for i := range ds.Spec.Managed.Replicas {
+			ordinals = append(ordinals, i)
+		}
+	}
+	slices.Sort(ordinals)
+	eps := make([]string, 0, len(ordinals))
+	for _, i := range ordinals {
+		eps = append(eps, clientURL(ds, i, clusterDomain))
 	}
 	return eps
+}
+
+// MembersConfigMapName names the ConfigMap members read the cluster they
+// start into from.
+func MembersConfigMapName(ds *apiary.DataStore) string { return Name(ds) + "-members" }
+
+// Keys of the members ConfigMap, read at each start as etcd's
+// ETCD_INITIAL_CLUSTER and ETCD_INITIAL_CLUSTER_STATE.
+const (
+	KeyInitialCluster      = "initial-cluster"
+	KeyInitialClusterState = "initial-cluster-state"
+)
+
+// MembersConfigMap says which cluster a member that starts without data
+// joins. It lives outside the pod template so that a membership change
+// restarts no member; etcd reads it only on a member's first start (a
+// member with data knows its cluster). members is etcd's list, nil before
+// etcd was first listed: then the bootstrap members form a new cluster.
+// A lone listed member is also "new": it is its whole cluster, and a
+// join into "existing" would have no one to join.
+func MembersConfigMap(ds *apiary.DataStore, clusterDomain string, members []apiary.EtcdMember, bootstrap int32) *corev1ac.ConfigMapApplyConfiguration {
+	var ordinals []int32
+	if members == nil {
+		for i := range bootstrap {
+			ordinals = append(ordinals, i)
+		}
+	}
+	for _, m := range members {
+		if i := MemberOrdinal(ds, m.Name); i >= 0 {
+			ordinals = append(ordinals, i)
+		}
+	}
+	slices.Sort(ordinals)
+	initial := make([]string, 0, len(ordinals))
+	for _, i := range ordinals {
+		initial = append(initial, MemberName(ds, i)+"="+PeerURL(ds, i, clusterDomain))
+	}
+	state := "existing"
+	if members == nil || len(members) == 1 {
+		state = "new"
+	}
+	return corev1ac.ConfigMap(MembersConfigMapName(ds), ds.Spec.Managed.Namespace).
+		WithLabels(Labels(ds)).
+		WithOwnerReferences(OwnerReference(ds)).
+		WithData(map[string]string{KeyInitialCluster: strings.Join(initial, ","), KeyInitialClusterState: state})
+}
+
+// Pods is how many pods the StatefulSet runs: one past the highest listed
+// member's ordinal (a new learner's pod among them), or the bootstrap
+// members before etcd was listed.
+func Pods(ds *apiary.DataStore, members []apiary.EtcdMember, bootstrap int32) int32 {
+	if members == nil {
+		return bootstrap
+	}
+	var n int32
+	for _, m := range members {
+		n = max(n, MemberOrdinal(ds, m.Name)+1)
+	}
+	return n
 }
 
 // CACommonName names a managed etcd's CA.
@@ -259,6 +392,8 @@ type Inputs struct {
 	// require the peer common name. False while an older DataStore moves
 	// to the peer CA.
 	PeerCAOnly bool
+	// Pods is the StatefulSet's replica count (see Pods).
+	Pods int32
 }
 
 // Args is the command line of a member; $(POD_NAME) is expanded by the
@@ -266,10 +401,8 @@ type Inputs struct {
 func Args(in Inputs) []string {
 	ds := in.DataStore
 	domain := memberDomain(ds, in.ClusterDomain)
-	var initial []string
-	for i := range ds.Spec.Managed.Replicas {
-		initial = append(initial, fmt.Sprintf("%s-%d=https://%s:%d", Name(ds), i, memberHost(ds, i, in.ClusterDomain), PeerPort))
-	}
+	// The initial cluster and its state come from the members ConfigMap
+	// (environment), not from here: see MembersConfigMap.
 	args := map[string]string{
 		"name":                        "$(POD_NAME)",
 		"data-dir":                    dataDir + "/data",
@@ -277,8 +410,6 @@ func Args(in Inputs) []string {
 		"advertise-client-urls":       fmt.Sprintf("https://$(POD_NAME).%s:%d", domain, ClientPort),
 		"listen-peer-urls":            fmt.Sprintf("https://0.0.0.0:%d", PeerPort),
 		"initial-advertise-peer-urls": fmt.Sprintf("https://$(POD_NAME).%s:%d", domain, PeerPort),
-		"initial-cluster":             strings.Join(initial, ","),
-		"initial-cluster-state":       "new",
 		"initial-cluster-token":       string(ds.UID),
 		"listen-metrics-urls":         fmt.Sprintf("http://0.0.0.0:%d", MetricsPort),
 		"client-cert-auth":            "true",
@@ -302,6 +433,11 @@ func Args(in Inputs) []string {
 		args["peer-cert-allowed-cn"] = PeerCN
 	}
 	return conventions.Flags(args, nil)
+}
+
+func membersEnv(name string, ds *apiary.DataStore, key string) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().WithConfigMapKeyRef(
+		corev1ac.ConfigMapKeySelector().WithName(MembersConfigMapName(ds)).WithKey(key)))
 }
 
 // defaultStorage is a member's volume size when the spec sets none.
@@ -337,7 +473,11 @@ func StatefulSet(in Inputs) *appsv1ac.StatefulSetApplyConfiguration {
 		WithImage(images.Ref(in.ImageRepository, "etcd", m.Version+"-0")).
 		WithCommand("etcd").
 		WithArgs(Args(in)...).
-		WithEnv(corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.name")))).
+		WithEnv(
+			corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.name"))),
+			membersEnv("ETCD_INITIAL_CLUSTER", ds, KeyInitialCluster),
+			membersEnv("ETCD_INITIAL_CLUSTER_STATE", ds, KeyInitialClusterState),
+		).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("client").WithContainerPort(ClientPort),
 			corev1ac.ContainerPort().WithName("peer").WithContainerPort(PeerPort),
@@ -370,9 +510,11 @@ func StatefulSet(in Inputs) *appsv1ac.StatefulSetApplyConfiguration {
 		)),
 	}
 	spec := appsv1ac.StatefulSetSpec().
-		WithReplicas(m.Replicas).
+		WithReplicas(in.Pods).
 		WithServiceName(Name(ds)).
-		// All members must start together to form the initial cluster.
+		// The bootstrap members must start together to form the initial
+		// cluster; later members join one at a time (the operator's
+		// membership steps).
 		WithPodManagementPolicy("Parallel").
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(Selector(ds))).
 		// The operator restarts members itself (DataStoreReconciler's
@@ -390,7 +532,7 @@ func StatefulSet(in Inputs) *appsv1ac.StatefulSetApplyConfiguration {
 			size = *m.Storage.Size
 		}
 		pvc := (&corev1ac.PersistentVolumeClaimApplyConfiguration{}).
-			WithName("data").
+			WithName(strings.TrimSuffix(claimPrefix, "-")).
 			WithSpec(corev1ac.PersistentVolumeClaimSpec().
 				WithAccessModes(corev1.ReadWriteOnce).
 				WithResources(corev1ac.VolumeResourceRequirements().WithRequests(corev1.ResourceList{corev1.ResourceStorage: size})))
@@ -399,7 +541,10 @@ func StatefulSet(in Inputs) *appsv1ac.StatefulSetApplyConfiguration {
 		}
 		spec.WithVolumeClaimTemplates(pvc).
 			WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
-				WithWhenDeleted("Delete").WithWhenScaled("Retain"))
+				WithWhenDeleted("Delete").
+				// A removed member's data must not come back with a later
+				// member of its ordinal: etcd would refuse it.
+				WithWhenScaled("Delete"))
 	}
 	spec.WithTemplate(corev1ac.PodTemplateSpec().
 		WithLabels(Labels(ds)).

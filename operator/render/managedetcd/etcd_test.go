@@ -23,13 +23,20 @@ func fixture(replicas int32) *apiary.DataStore {
 }
 
 func TestGolden(t *testing.T) {
-	in := Inputs{DataStore: fixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210", PeerCAOnly: true}
+	in := Inputs{DataStore: fixture(3), ClusterDomain: "cluster.local", ConfigHash: "fedcba9876543210", PeerCAOnly: true, Pods: 3}
 	golden.YAML(t, "etcd-statefulset", StatefulSet(in))
+	// Before etcd was listed: the bootstrap members form a new cluster.
+	golden.YAML(t, "etcd-members-new", MembersConfigMap(in.DataStore, "cluster.local", nil, 3))
+	// A learner joining a listed pair (1 → 3, first step).
+	golden.YAML(t, "etcd-members-joining", MembersConfigMap(in.DataStore, "cluster.local", []apiary.EtcdMember{
+		{Name: "default-etcd-1", ID: "b2", Learner: true}, {Name: "default-etcd-0", ID: "a1"},
+	}, 3))
+	golden.YAML(t, "etcd-members-lone", MembersConfigMap(in.DataStore, "cluster.local", []apiary.EtcdMember{{Name: "default-etcd-0", ID: "a1"}}, 3))
 	golden.YAML(t, "etcd-service", Service(in.DataStore))
 	golden.YAML(t, "etcd-pdb", PodDisruptionBudget(in.DataStore))
 	dev := fixture(1)
 	dev.Spec.Managed.Storage.EmptyDir = true
-	golden.YAML(t, "etcd-statefulset-emptydir", StatefulSet(Inputs{DataStore: dev, ClusterDomain: "cluster.local", ConfigHash: "0"}))
+	golden.YAML(t, "etcd-statefulset-emptydir", StatefulSet(Inputs{DataStore: dev, ClusterDomain: "cluster.local", ConfigHash: "0", Pods: 1}))
 }
 
 func TestImageRepository(t *testing.T) {
@@ -62,7 +69,6 @@ func TestNames(t *testing.T) {
 	}
 	args := Args(Inputs{DataStore: ds, ClusterDomain: "cluster.local"})
 	for _, a := range []string{
-		"--initial-cluster=default-etcd-0=https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-1=https://default-etcd-1.default-etcd.apiary-system.svc.cluster.local:2380,default-etcd-2=https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2380",
 		"--client-cert-auth=true", "--peer-client-cert-auth=true", "--auto-compaction-mode=periodic",
 		// 80 % of the default 1Gi volume.
 		"--quota-backend-bytes=858993456",
@@ -111,5 +117,48 @@ func TestServingCertNamesHostAddresses(t *testing.T) {
 	}
 	if peer := ServingCertRequest(fixture(3), "cluster.local", true); len(peer.IPs) != 1 {
 		t.Errorf("peer IPs %v", peer.IPs)
+	}
+}
+
+func TestMembership(t *testing.T) {
+	ds := fixture(5)
+	ds.Status.Members = []apiary.EtcdMember{
+		{Name: "default-etcd-2", ID: "c3"},
+		{Name: "default-etcd-0", ID: "a1"},
+		{Name: "default-etcd-3", ID: "d4", Learner: true},
+		{Name: "other-etcd-1", ID: "ff"},
+	}
+	// Voting members only, by ordinal; a foreign name is nobody.
+	want := []string{
+		"https://default-etcd-0.default-etcd.apiary-system.svc.cluster.local:2379",
+		"https://default-etcd-2.default-etcd.apiary-system.svc.cluster.local:2379",
+	}
+	if eps := Endpoints(ds, "cluster.local"); !slices.Equal(eps, want) {
+		t.Errorf("endpoints %v, want %v", eps, want)
+	}
+	if n := Pods(ds, ds.Status.Members, 1); n != 4 {
+		t.Errorf("pods %d, want 4 (one past the learner default-etcd-3)", n)
+	}
+	if n := Pods(ds, nil, 3); n != 3 {
+		t.Errorf("pods before listing %d, want the bootstrap 3", n)
+	}
+	for name, want := range map[string]int32{
+		"default-etcd-0": 0, "default-etcd-12": 12, "default-etcd-": -1, "default-etcd-01": -1,
+		"default-etcd--1": -1, "other-etcd-1": -1, "default-etcd-1x": -1, "default-etcd-99999999999": -1,
+	} {
+		if got := MemberOrdinal(ds, name); got != want {
+			t.Errorf("MemberOrdinal(%q) = %d, want %d", name, got, want)
+		}
+	}
+	for u, want := range map[string]string{
+		PeerURL(ds, 3, "cluster.local"):                                            "default-etcd-3",
+		"https://default-etcd-3.default-etcd.apiary-system.svc.cluster.local:2379": "default-etcd-3",
+		"https://default-etcd-3.default-etcd.elsewhere.svc.cluster.local:2380":     "",
+		"https://10.0.0.1:2380":                                                    "",
+		"::not a url":                                                              "",
+	} {
+		if got := MemberOfURL(ds, u, "cluster.local"); got != want {
+			t.Errorf("MemberOfURL(%q) = %q, want %q", u, got, want)
+		}
 	}
 }
