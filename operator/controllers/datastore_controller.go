@@ -482,9 +482,9 @@ func (r *DataStoreReconciler) writeStatus(ctx context.Context, orig, ds *apiary.
 		return nil
 	}
 	// DeletionBlocked is bad news when True; the others when not True,
-	// but for a roll of the members, which is routine.
+	// but for a roll or a scale of the members, which are routine.
 	recordTransitions(r.Recorder, ds, base.Conditions, ds.Status.Conditions, func(c metav1.Condition) bool {
-		if c.Reason == ReasonRolling {
+		if c.Reason == ReasonRolling || c.Reason == ReasonScaling {
 			return false
 		}
 		return (c.Type == ConditionDeletionBlocked) == (c.Status == metav1.ConditionTrue)
