@@ -620,9 +620,10 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 	// Members keep their data in claims, as in production: the local
 	// cluster has no provisioner, so the test provides static hostPath
 	// volumes.
-	// Ten: three members, a replaced one and the new members of two
-	// scales up (a released claim's volume is not reused).
-	class := staticVolumes(t, e, "trio", 10)
+	// Twelve: three members, a replaced one (two claims: the one the
+	// test deletes and the one the replacement deletes), the new members
+	// of two scales up, and spares (a released volume is not reused).
+	class := staticVolumes(t, e, "trio", 12)
 	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "trio"}, Spec: apiary.DataStoreSpec{
 		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{StorageClassName: &class}},
 	}}
