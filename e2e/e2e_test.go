@@ -15,9 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -30,9 +28,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -623,7 +619,7 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 	// Twelve: three members, a replaced one (two claims: the one the
 	// test deletes and the one the replacement deletes), the new members
 	// of two scales up, and spares (a released volume is not reused).
-	class := staticVolumes(t, e, "trio", 12)
+	class := e.StaticVolumes(t, "trio", 12)
 	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "trio"}, Spec: apiary.DataStoreSpec{
 		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 3, Storage: apiary.ManagedEtcdStorage{StorageClassName: &class}},
 	}}
@@ -735,60 +731,4 @@ func (e *env) testThreeMemberDataStore(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// staticVolumes makes a StorageClass without a provisioner and n hostPath
-// PersistentVolumes of it, in directories the etcd user owns, and removes
-// them all when the test ends. It returns the class name.
-func staticVolumes(t *testing.T, e *env, name string, n int) string {
-	t.Helper()
-	class := "e2e-static-" + name
-	root := filepath.Join("/var/lib/apiary-e2e", name)
-	// A run that was killed leaves its members' data behind: a new cluster
-	// on it would find another cluster's members (ID mismatch).
-	if err := os.RemoveAll(root); err != nil {
-		t.Fatal(err)
-	}
-	sc := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: class},
-		Provisioner:       "kubernetes.io/no-provisioner",
-		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
-	}
-	var objs []client.Object
-	objs = append(objs, sc)
-	for i := range n {
-		dir := filepath.Join(root, fmt.Sprintf("pv-%d", i))
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		// The members run as this user; hostPath volumes are not chowned.
-		if err := os.Chown(dir, 65532, 65532); err != nil {
-			t.Fatal(err)
-		}
-		objs = append(objs, &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", class, i)},
-			Spec: corev1.PersistentVolumeSpec{
-				StorageClassName:              class,
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-				PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{
-					Path: dir, Type: ptr.To(corev1.HostPathDirectory),
-				}},
-			},
-		})
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		for _, o := range objs {
-			_ = e.C.Delete(ctx, o)
-		}
-		_ = os.RemoveAll(root)
-	})
-	for _, o := range objs {
-		if err := e.C.Create(e.Ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
-	return class
 }

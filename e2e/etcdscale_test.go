@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +18,6 @@ import (
 	"github.com/apiaryhq/apiary/e2e/framework"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
-	"github.com/apiaryhq/apiary/operator/render"
 )
 
 // writeRetry is the bounded retry of the tenants' writers while etcd's
@@ -78,7 +76,7 @@ func (e *env) testEtcdScalesAndHeals(t *testing.T) {
 		steps := seq.steps()
 		checkSequence(t, steps, n)
 		for _, tenant := range []string{"on-trio", second} {
-			e.waitEtcdServers(t, tenant, int(n))
+			e.WaitEtcdServers(t, tenant, int(n), 4*time.Minute)
 		}
 		figures = append(figures, fmt.Sprintf("→%d %s", n, took.Round(100*time.Millisecond)))
 		t.Logf("scaled to %d in %s; voting/learner sequence %v", n, took.Round(100*time.Millisecond), steps)
@@ -136,35 +134,6 @@ func (e *env) membersSettled(ds *apiary.DataStore, n int32) error {
 		return err
 	}
 	return framework.ConditionIs(ds.Status.Conditions, apiary.ConditionReady, metav1.ConditionTrue, "")
-}
-
-// waitEtcdServers waits until every replica of a tenant's control plane
-// runs with n etcd servers, the DataStore's voting members.
-func (e *env) waitEtcdServers(t *testing.T, tenant string, n int) {
-	t.Helper()
-	framework.Eventually(t, fmt.Sprintf("%s's API servers on %d etcd members", tenant, n), 4*time.Minute, func() error {
-		tcp := e.TCP(t, tenant)
-		var dep appsv1.Deployment
-		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: tcp.Namespace, Name: render.DeploymentName(tcp)}, &dep); err != nil {
-			return err
-		}
-		servers := ""
-		for _, c := range dep.Spec.Template.Spec.Containers {
-			for _, a := range c.Args {
-				if v, ok := strings.CutPrefix(a, "--etcd-servers="); ok {
-					servers = v
-				}
-			}
-		}
-		if got := len(strings.Split(servers, ",")); servers == "" || got != n {
-			return fmt.Errorf("--etcd-servers=%s", servers)
-		}
-		if dep.Status.ObservedGeneration != dep.Generation || dep.Status.UpdatedReplicas != *dep.Spec.Replicas ||
-			dep.Status.Replicas != *dep.Spec.Replicas || dep.Status.AvailableReplicas != *dep.Spec.Replicas {
-			return fmt.Errorf("rolling: %d updated, %d replicas, %d available of %d", dep.Status.UpdatedReplicas, dep.Status.Replicas, dep.Status.AvailableReplicas, *dep.Spec.Replicas)
-		}
-		return nil
-	})
 }
 
 // wantEvent fails unless trio has an event of reason whose note names

@@ -329,7 +329,7 @@ func kubeconfigAt(t *testing.T, kubeconfig, endpoint, address string) string {
 // tenant until stop is called.
 type clients struct {
 	p      *poller
-	w      *writer
+	w      *framework.Writer
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -353,12 +353,12 @@ func (e *env) startClientsRetrying(t *testing.T, name, ns string, retry time.Dur
 	if _, err := cs.CoreV1().Namespaces().Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	c := &clients{p: e.newPoller(t, name), w: &writer{cs: cs, ns: ns, retry: retry}}
+	c := &clients{p: e.newPoller(t, name), w: &framework.Writer{CS: cs, NS: ns, Retry: retry}}
 	ctx, cancel := context.WithCancel(e.Ctx)
 	c.cancel = cancel
 	c.wg.Add(2)
 	go func() { defer c.wg.Done(); c.p.run(ctx) }()
-	go func() { defer c.wg.Done(); c.w.run(ctx) }()
+	go func() { defer c.wg.Done(); c.w.Run(ctx) }()
 	t.Cleanup(c.stop)
 	return c
 }
@@ -373,28 +373,18 @@ func (c *clients) stop() {
 func (c *clients) check(t *testing.T) string {
 	t.Helper()
 	c.stop()
-	cms, err := c.w.cs.CoreV1().ConfigMaps(c.w.ns).List(context.Background(), metav1.ListOptions{})
+	lost, err := c.w.Lost(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	have := map[string]bool{}
-	for _, cm := range cms.Items {
-		have[cm.Name] = true
+	if c.p.failed.Load() > 0 || c.w.Failed.Load() > 0 || lost > 0 {
+		t.Errorf("requests failed: /version %v; writes %v; %d acknowledged writes lost", c.p.failures, c.w.Failures(), lost)
 	}
-	lost := 0
-	for _, n := range c.w.acknowledged {
-		if !have[n] {
-			lost++
-		}
-	}
-	if c.p.failed.Load() > 0 || c.w.failed.Load() > 0 || lost > 0 {
-		t.Errorf("requests failed: /version %v; writes %v; %d acknowledged writes lost", c.p.failures, c.w.failures, lost)
-	}
-	if c.p.ok.Load() < 50 || c.w.ok.Load() < 50 {
-		t.Errorf("too few requests to tell: %d, %d", c.p.ok.Load(), c.w.ok.Load())
+	if c.p.ok.Load() < 50 || c.w.OK.Load() < 50 {
+		t.Errorf("too few requests to tell: %d, %d", c.p.ok.Load(), c.w.OK.Load())
 	}
 	return fmt.Sprintf("/version every 100 ms: %d OK, %d failed, slowest %s; ConfigMap write+read every 100 ms: %d OK, %d failed (%d retries), %d lost, longest gap %s",
-		c.p.ok.Load(), c.p.failed.Load(), c.p.slowest.Round(time.Millisecond), c.w.ok.Load(), c.w.failed.Load(), c.w.retried.Load(), lost, c.w.longest.Round(time.Millisecond))
+		c.p.ok.Load(), c.p.failed.Load(), c.p.slowest.Round(time.Millisecond), c.w.OK.Load(), c.w.Failed.Load(), c.w.Retried.Load(), lost, c.w.Longest().Round(time.Millisecond))
 }
 
 // testHostLeavesAndReturns: in registered mode, one control-plane Host

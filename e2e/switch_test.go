@@ -4,16 +4,12 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,63 +111,6 @@ func (e *env) waitMode(t *testing.T, name string, mode apiary.Mode, timeout time
 		return framework.ConditionIs(tcp.Status.Conditions, apiary.ConditionModeSwitched, metav1.ConditionTrue, "")
 	})
 	return tcp
-}
-
-// writer creates a ConfigMap in the tenant and reads it back every
-// 100 ms, and counts what failed and the longest time without a success.
-type writer struct {
-	cs kubernetes.Interface
-	ns string
-	// retry, when set, is how long a failed write is tried again (as a
-	// client with a bounded retry would) before it counts as failed.
-	retry        time.Duration
-	ok, failed   atomic.Int64
-	retried      atomic.Int64
-	mu           sync.Mutex
-	lastGood     time.Time
-	longest      time.Duration
-	failures     []string
-	acknowledged []string
-}
-
-func (w *writer) run(ctx context.Context) {
-	w.lastGood = time.Now()
-	for i := 0; ctx.Err() == nil; i++ {
-		name := fmt.Sprintf("w-%05d", i)
-		err := w.write(ctx, name)
-		for first := time.Now(); err != nil && ctx.Err() == nil && time.Since(first) < w.retry; {
-			w.retried.Add(1)
-			time.Sleep(200 * time.Millisecond)
-			err = w.write(ctx, name)
-		}
-		now := time.Now()
-		w.mu.Lock()
-		if err == nil {
-			w.ok.Add(1)
-			w.longest = max(w.longest, now.Sub(w.lastGood))
-			w.lastGood = now
-			w.acknowledged = append(w.acknowledged, name)
-		} else if ctx.Err() == nil {
-			w.failed.Add(1)
-			if len(w.failures) < 5 {
-				w.failures = append(w.failures, now.Format("15:04:05.000")+" "+err.Error())
-			}
-		}
-		w.mu.Unlock()
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// write creates ConfigMap name and reads it back; one created by an
-// earlier try whose answer was lost counts.
-func (w *writer) write(ctx context.Context, name string) error {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err := w.cs.CoreV1().ConfigMaps(w.ns).Create(rctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
-	if err == nil || w.retry > 0 && apierrors.IsAlreadyExists(err) {
-		_, err = w.cs.CoreV1().ConfigMaps(w.ns).Get(rctx, name, metav1.GetOptions{})
-	}
-	return err
 }
 
 // testSwitchBothWays switches the shared tenant alpha from standalone to

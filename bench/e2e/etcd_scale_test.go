@@ -5,38 +5,29 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
-	"github.com/apiaryhq/apiary/operator/render"
 	"github.com/apiaryhq/apiary/operator/render/managedetcd"
 )
 
 const (
 	scaleDataStore = "bench-scale"
 	scaleTenant    = "on-bench-scale"
-	scaleClass     = "bench-static-scale"
 	// scaleVolumes: the walk below binds 5 claims (etcd-0, then 1 and 2,
 	// then 3 and 4); a released claim's volume is not reused (Retain),
 	// and a member that is replaced takes a new one. Twice that.
@@ -65,15 +56,14 @@ var scaleWalk = []int32{3, 5, 3, 1}
 // per run (-benchtime=1x).
 func BenchmarkEtcdScale(b *testing.B) {
 	e := framework.Setup(b)
-	root := filepath.Join("/var/lib/apiary-e2e", scaleDataStore)
-	// A killed run leaves its objects and the members' data behind: a new
-	// member on a used volume would find another cluster's log.
-	cleanup := func() { scaleCleanup(b, e, root) }
-	cleanup()
-	b.Cleanup(cleanup)
-	scaleStaticVolumes(b, e, root)
+	// A killed run leaves its objects behind; StaticVolumes then removes
+	// its volumes and the members' data, once nothing claims them.
+	scaleCleanup(b, e)
+	class := e.StaticVolumes(b, scaleDataStore, scaleVolumes)
+	// Registered after the volumes' cleanup, so run before it: the
+	// claims go before the volumes.
+	b.Cleanup(func() { scaleCleanup(b, e) })
 
-	class := scaleClass
 	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: scaleDataStore}, Spec: apiary.DataStoreSpec{
 		Managed: &apiary.ManagedEtcd{Namespace: framework.SystemNS, Replicas: 1, Storage: apiary.ManagedEtcdStorage{StorageClassName: &class}},
 	}}
@@ -113,7 +103,7 @@ func BenchmarkEtcdScale(b *testing.B) {
 		seen := &scaleSeen{learner: map[string]time.Time{}, voting: map[string]time.Time{}}
 		scaleSample(b, e, gen, n, seen)
 		settled := time.Since(start)
-		scaleTenantServers(b, e, n)
+		e.WaitEtcdServers(b, scaleTenant, int(n), scaleStepLimit)
 		rolled := time.Since(start)
 
 		b.ReportMetric(settled.Seconds(), "s-"+label)
@@ -253,35 +243,6 @@ func scaleSettled(ds *apiary.DataStore, gen int64, n int32) error {
 	return framework.ConditionIs(ds.Status.Conditions, apiary.ConditionReady, metav1.ConditionTrue, "")
 }
 
-// scaleTenantServers waits until every replica of the tenant's control
-// plane runs with n etcd servers, the DataStore's voting members.
-func scaleTenantServers(b *testing.B, e *framework.Env, n int32) {
-	b.Helper()
-	framework.Eventually(b, fmt.Sprintf("%s's API servers on %d etcd members", scaleTenant, n), scaleStepLimit, func() error {
-		tcp := e.TCP(b, scaleTenant)
-		var dep appsv1.Deployment
-		if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: tcp.Namespace, Name: render.DeploymentName(tcp)}, &dep); err != nil {
-			return err
-		}
-		servers := ""
-		for _, c := range dep.Spec.Template.Spec.Containers {
-			for _, a := range c.Args {
-				if v, ok := strings.CutPrefix(a, "--etcd-servers="); ok {
-					servers = v
-				}
-			}
-		}
-		if servers == "" || len(strings.Split(servers, ",")) != int(n) {
-			return fmt.Errorf("--etcd-servers=%s", servers)
-		}
-		want := ptr.Deref(dep.Spec.Replicas, 1)
-		if dep.Status.ObservedGeneration != dep.Generation || dep.Status.UpdatedReplicas != want || dep.Status.Replicas != want || dep.Status.AvailableReplicas != want {
-			return fmt.Errorf("rolling: %d updated, %d replicas, %d available of %d", dep.Status.UpdatedReplicas, dep.Status.Replicas, dep.Status.AvailableReplicas, want)
-		}
-		return nil
-	})
-}
-
 // scaleEventPromotions is, for each member of ordinals from to n-1, the
 // time between the operator's MemberAdded and MemberPromoted events about
 // it since start (their eventTime, set by the operator), for the log.
@@ -318,50 +279,11 @@ func scaleEventPromotions(b *testing.B, e *framework.Env, ds *apiary.DataStore, 
 	return strings.Join(out, ", ")
 }
 
-// scaleStaticVolumes makes a StorageClass without a provisioner and
-// scaleVolumes hostPath PersistentVolumes of it, in directories under root
-// the etcd user owns: the local cluster has no volume provisioner.
-func scaleStaticVolumes(b *testing.B, e *framework.Env, root string) {
-	b.Helper()
-	objs := []client.Object{&storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: scaleClass},
-		Provisioner:       "kubernetes.io/no-provisioner",
-		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
-	}}
-	for i := range scaleVolumes {
-		dir := filepath.Join(root, fmt.Sprintf("pv-%d", i))
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			b.Fatal(err)
-		}
-		// The members run as this user; hostPath volumes are not chowned.
-		if err := os.Chown(dir, 65532, 65532); err != nil {
-			b.Fatal(err)
-		}
-		objs = append(objs, &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", scaleClass, i)},
-			Spec: corev1.PersistentVolumeSpec{
-				StorageClassName:              scaleClass,
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-				PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{
-					Path: dir, Type: ptr.To(corev1.HostPathDirectory),
-				}},
-			},
-		})
-	}
-	for _, o := range objs {
-		if err := e.C.Create(e.Ctx, o); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // scaleCleanup removes, in order and each wait bounded, the tenant (the
-// DataStore waits for it), the DataStore with its members and claims,
-// then the volumes, their class and their directories. Before the run it
-// clears what a killed run left.
-func scaleCleanup(b *testing.B, e *framework.Env, root string) {
+// DataStore waits for it), then the DataStore with its members and
+// claims; the volumes are StaticVolumes'. Before the run it clears what a
+// killed run left.
+func scaleCleanup(b *testing.B, e *framework.Env) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	gone := func(what string, limit time.Duration, f func() error) {
@@ -420,39 +342,13 @@ func scaleCleanup(b *testing.B, e *framework.Env, root string) {
 		}
 		return nil
 	})
-
-	for i := range scaleVolumes {
-		_ = e.C.Delete(ctx, &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", scaleClass, i)}})
-	}
-	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: scaleClass}}
-	_ = e.C.Delete(ctx, sc)
-	gone("volumes of class "+scaleClass, 2*time.Minute, func() error {
-		for i := range scaleVolumes {
-			if err := notFound(e.C.Get(ctx, client.ObjectKey{Name: fmt.Sprintf("%s-%d", scaleClass, i)}, &corev1.PersistentVolume{})); err != nil {
-				return fmt.Errorf("volume %s-%d: %w", scaleClass, i, err)
-			}
-		}
-		return notFound(e.C.Get(ctx, client.ObjectKeyFromObject(sc), &storagev1.StorageClass{}))
-	})
-	if err := os.RemoveAll(root); err != nil {
-		b.Logf("cleanup: %v", err)
-	}
 }
 
-// scaleWriter creates a ConfigMap through a tenant's API and reads it back
-// every 100 ms, trying a failed write again for up to scaleWriteRetry.
+// scaleWriter runs a framework.Writer against the tenant until stopped.
 type scaleWriter struct {
-	cs     kubernetes.Interface
-	ns     string
+	*framework.Writer
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-
-	ok, failed, retried atomic.Int64
-	mu                  sync.Mutex
-	lastGood            time.Time
-	longest             time.Duration
-	failures            []string
-	acknowledged        []string
 }
 
 // scaleWrites is the writer's account once stopped.
@@ -476,10 +372,10 @@ func startScaleWriter(b *testing.B, e *framework.Env, tenant, ns string) *scaleW
 	if _, err := cs.CoreV1().Namespaces().Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
-	w := &scaleWriter{cs: cs, ns: ns, lastGood: time.Now()}
+	w := &scaleWriter{Writer: &framework.Writer{CS: cs, NS: ns, Retry: scaleWriteRetry}}
 	ctx, cancel := context.WithCancel(e.Ctx)
 	w.cancel = cancel
-	w.wg.Go(func() { w.run(ctx) })
+	w.wg.Go(func() { w.Run(ctx) })
 	// Before the tenant goes, on failure too (cleanups run last first).
 	b.Cleanup(w.stop)
 	return w
@@ -490,71 +386,21 @@ func (w *scaleWriter) stop() {
 	w.wg.Wait()
 }
 
-func (w *scaleWriter) run(ctx context.Context) {
-	for i := 0; ctx.Err() == nil; i++ {
-		name := fmt.Sprintf("w-%05d", i)
-		err := w.write(ctx, name)
-		for first := time.Now(); err != nil && ctx.Err() == nil && time.Since(first) < scaleWriteRetry; {
-			w.retried.Add(1)
-			time.Sleep(200 * time.Millisecond)
-			err = w.write(ctx, name)
-		}
-		now := time.Now()
-		w.mu.Lock()
-		if err == nil {
-			w.ok.Add(1)
-			w.longest = max(w.longest, now.Sub(w.lastGood))
-			w.lastGood = now
-			w.acknowledged = append(w.acknowledged, name)
-		} else if ctx.Err() == nil {
-			w.failed.Add(1)
-			if len(w.failures) < 5 {
-				w.failures = append(w.failures, now.Format("15:04:05.000")+" "+err.Error())
-			}
-		}
-		w.mu.Unlock()
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// write creates ConfigMap name and reads it back; one created by an
-// earlier try whose answer was lost counts.
-func (w *scaleWriter) write(ctx context.Context, name string) error {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err := w.cs.CoreV1().ConfigMaps(w.ns).Create(rctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
-	if err == nil || apierrors.IsAlreadyExists(err) {
-		_, err = w.cs.CoreV1().ConfigMaps(w.ns).Get(rctx, name, metav1.GetOptions{})
-	}
-	return err
-}
-
 // finish stops the writer and counts the acknowledged writes the tenant
 // no longer has.
 func (w *scaleWriter) finish(b *testing.B) scaleWrites {
 	b.Helper()
 	w.stop()
-	var have map[string]bool
+	var lost int
 	framework.Eventually(b, "the writer's ConfigMaps listed", time.Minute, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		cms, err := w.cs.CoreV1().ConfigMaps(w.ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		have = map[string]bool{}
-		for _, cm := range cms.Items {
-			have[cm.Name] = true
-		}
-		return nil
+		var err error
+		lost, err = w.Lost(ctx)
+		return err
 	})
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	r := scaleWrites{ok: w.ok.Load(), failed: w.failed.Load(), retried: w.retried.Load(), longest: w.longest, failures: slices.Clone(w.failures)}
-	for _, n := range w.acknowledged {
-		if !have[n] {
-			r.lost++
-		}
+	return scaleWrites{
+		ok: w.OK.Load(), failed: w.Failed.Load(), retried: w.Retried.Load(), lost: int64(lost),
+		longest: w.Longest(), failures: w.Failures(),
 	}
-	return r
 }

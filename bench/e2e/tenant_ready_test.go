@@ -5,7 +5,7 @@
 // and what idle tenants and the operator cost. Run with the cluster up:
 //
 //	go run ./hack/devcluster up
-//	go test -tags e2e -run '^$' -bench . -benchtime=1x -timeout 30m ./bench/e2e/
+//	go test -tags e2e -run '^$' -bench . -benchtime=1x -timeout 90m ./bench/e2e/
 package e2e
 
 import (
