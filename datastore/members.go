@@ -103,11 +103,22 @@ func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, error)
 	return Member{ID: resp.Member.ID, PeerURLs: resp.Member.PeerURLs, Learner: true}, nil
 }
 
-// Promote makes a learner a voting member. It returns ErrLearnerBehind
-// while etcd finds the learner behind, and nil for a member that already
-// votes (a promotion whose answer was lost).
-func (c *Client) Promote(ctx context.Context, id uint64) error {
-	_, err := c.etcd.MemberPromote(ctx, id)
+// Promote makes a learner a voting member, asking the leader at
+// leaderEndpoint. It returns ErrLearnerBehind while etcd finds the learner
+// behind, and nil for a member that already votes (a promotion whose answer
+// was lost).
+//
+// Only the leader knows whether a learner has caught up: a follower
+// forwards the request over the peer port without the caller's identity,
+// and with authentication enabled the leader refuses it ("auth: user name
+// is empty", etcd 3.6), which the client sees as a timeout.
+func (c *Client) Promote(ctx context.Context, leaderEndpoint string, id uint64) error {
+	conn, err := c.etcd.Dial(leaderEndpoint)
+	if err != nil {
+		return wrapf(err, "dialing the etcd leader %s", leaderEndpoint)
+	}
+	defer conn.Close()
+	_, err = pb.NewClusterClient(conn).MemberPromote(ctx, &pb.MemberPromoteRequest{ID: id})
 	switch {
 	case err == nil, isEtcd(err, rpctypes.ErrMemberNotLearner):
 		return nil

@@ -96,12 +96,12 @@ func TestMembershipChanges(t *testing.T) {
 	}
 
 	// It never started, so it has none of the log: etcd refuses.
-	err = c.Promote(testContext(t), learner.ID)
+	err = c.Promote(testContext(t), states[0].Endpoint, learner.ID)
 	if !errors.Is(err, datastore.ErrLearnerBehind) {
 		t.Fatalf("Promote of a learner that never started: %v; want %v", err, datastore.ErrLearnerBehind)
 	}
 	// A member that votes already: a promotion whose answer was lost.
-	if err := c.Promote(testContext(t), voter.ID); err != nil {
+	if err := c.Promote(testContext(t), states[0].Endpoint, voter.ID); err != nil {
 		t.Fatalf("Promote of the voter: %v; want nil", err)
 	}
 	for _, m := range members(t, c, 2) {

@@ -82,8 +82,9 @@ type memberStep struct {
 	// Replace a member that lost its data: remove it, add it back as a
 	// learner, and restart its pod on an empty volume.
 	Replace *etcdMember
-	// Promote the learner.
-	Promote *etcdMember
+	// Promote the learner, asking the leader at LeaderEndpoint.
+	Promote        *etcdMember
+	LeaderEndpoint string
 	// Add the member of this ordinal as a learner.
 	Add *int32
 	// Remove the member; MoveLeader first when it leads.
@@ -152,9 +153,14 @@ func planMembership(ds *apiary.DataStore, clusterDomain string, members []datast
 		return memberStep{Replace: &e, Reason: ReasonReplacingMember}
 	}
 
-	// 2. A learner votes once it has caught up.
+	// 2. A learner votes once it has caught up; only the leader can tell.
 	if len(learners) > 0 {
-		return memberStep{Promote: &learners[0], Reason: ReasonScaling}
+		for _, v := range voters {
+			if st, ok := states[v.Name]; ok && st.ID == st.Leader && answers(v) {
+				return memberStep{Promote: &learners[0], LeaderEndpoint: st.Endpoint, Reason: ReasonScaling}
+			}
+		}
+		return memberStep{Reason: ReasonScaling, Wait: fmt.Sprintf("no voting member says it leads, to promote %s", learners[0].Name)}
 	}
 
 	var have []int32
@@ -308,7 +314,7 @@ func (r *DataStoreReconciler) takeMemberStep(ctx context.Context, ds *apiary.Dat
 		return fmt.Sprintf("replacing %s, which lost its data", e.Name), nil
 	case step.Promote != nil:
 		e := step.Promote
-		err := dc.Promote(ctx, e.ID)
+		err := dc.Promote(ctx, step.LeaderEndpoint, e.ID)
 		if errors.Is(err, datastore.ErrLearnerBehind) {
 			return fmt.Sprintf("learner %s is catching up with the leader", e.Name), nil
 		}
