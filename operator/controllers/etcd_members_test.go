@@ -219,6 +219,18 @@ func TestPlanMembership(t *testing.T) {
 			t.Errorf("without them: %+v, want d-etcd-2 added", s)
 		}
 	})
+	t.Run("a learner is promoted by the leader only", func(t *testing.T) {
+		f := newFakeEtcd(scaleFixture(3), 0, 1)
+		f.leader = 1
+		f.add(2, true)
+		if s := f.plan(); s.Promote == nil || s.LeaderEndpoint != "https://d-etcd-1:2379" {
+			t.Fatalf("step %+v, want d-etcd-2 promoted through the leader d-etcd-1", s)
+		}
+		f.down[1] = true
+		if s := f.plan(); s.Promote != nil || !strings.Contains(s.Wait, "leads") {
+			t.Fatalf("with the leader down: %+v, want a wait", s)
+		}
+	})
 	t.Run("a foreign member is reported, not touched", func(t *testing.T) {
 		f := newFakeEtcd(scaleFixture(3), 0, 1, 2)
 		f.members = append(f.members, datastore.Member{ID: 0xbad, PeerURLs: []string{"https://10.0.0.9:2380"}})
