@@ -18,7 +18,7 @@ if [ "$started" = 1 ]; then
 fi
 devcluster up
 set +e
-go test -tags e2e -count=1 -p 1 -timeout 40m -v -skip TestLifecycle ${E2E_FLAGS:-} ./e2e/... 2>&1 | tee "${APIARY_E2E_LOG:-/dev/null}"
+go test -tags e2e -count=1 -p 1 -timeout 75m -v -skip TestLifecycle ${E2E_FLAGS:-} ./e2e/... 2>&1 | tee "${APIARY_E2E_LOG:-/dev/null}"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$started" = 1 ]; then
