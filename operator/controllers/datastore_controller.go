@@ -372,11 +372,17 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	if enabled {
 		r.Recorder.Eventf(ds, nil, corev1.EventTypeNormal, "AuthEnabled", "EnableAuth", "created etcd root user and enabled authentication")
 	}
-	pods, err := r.memberPods(callCtx, ds, "")
+	// Read once for the membership and the roll.
+	var rev string
+	if sts.Status != nil {
+		rev = deref(sts.Status.UpdateRevision)
+	}
+	pods, err := r.memberPods(callCtx, ds, rev)
 	if err != nil {
 		return "", false, err
 	}
-	done, err := r.reconcileMembership(callCtx, ds, dc, pods)
+	states := r.memberStates(callCtx, ds, dc)
+	done, err := r.reconcileMembership(callCtx, ds, dc, pods, states)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "changing the etcd membership")
 	}
@@ -396,7 +402,7 @@ func (r *DataStoreReconciler) reconcileManaged(ctx context.Context, ds *apiary.D
 	} else {
 		r.set(ds, apiary.ConditionMembersReady, metav1.ConditionFalse, ReasonMembersUnavailable, fmt.Sprintf("%d of %d etcd members ready (StatefulSet %s/%s)", ready, want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)))
 	}
-	return "", r.rollMembers(callCtx, ds, sts, dc), nil
+	return "", r.rollMembers(callCtx, ds, sts, dc, pods, states), nil
 }
 
 // deleteManaged removes a managed etcd (its claims go with the StatefulSet)

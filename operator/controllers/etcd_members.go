@@ -254,7 +254,7 @@ func statusMembers(ds *apiary.DataStore, members []datastore.Member, clusterDoma
 // the next membership step. It says whether the membership is what the
 // spec asks (the roll runs only then) and leaves MembersReady saying
 // what it waits for otherwise.
-func (r *DataStoreReconciler) reconcileMembership(ctx context.Context, ds *apiary.DataStore, dc *datastore.Client, pods []memberPod) (done bool, err error) {
+func (r *DataStoreReconciler) reconcileMembership(ctx context.Context, ds *apiary.DataStore, dc *datastore.Client, pods []memberPod, states map[string]datastore.MemberState) (done bool, err error) {
 	listed, err := dc.Members(ctx)
 	if err != nil {
 		return false, err
@@ -273,7 +273,6 @@ func (r *DataStoreReconciler) reconcileMembership(ctx context.Context, ds *apiar
 	if err := r.deleteLeftClaims(ctx, ds, claimNames); err != nil {
 		return false, err
 	}
-	states := r.memberStates(ctx, ds, dc)
 	step := planMembership(ds, r.ClusterDomain, listed, pods, claimNames, states)
 	if step.Done {
 		return true, nil

@@ -223,8 +223,8 @@ func ordinal(pod string) int {
 // OnDelete: this is the only place members are restarted for a change.
 // What it waits for, and what failed, is in MembersUpdated: a roll never
 // makes the DataStore less Ready than its members are.
-func (r *DataStoreReconciler) rollMembers(ctx context.Context, ds *apiary.DataStore, sts *appsv1ac.StatefulSetApplyConfiguration, dc *datastore.Client) bool {
-	if err := r.rollStep(ctx, ds, sts, dc); err != nil {
+func (r *DataStoreReconciler) rollMembers(ctx context.Context, ds *apiary.DataStore, sts *appsv1ac.StatefulSetApplyConfiguration, dc *datastore.Client, all []memberPod, members map[string]datastore.MemberState) bool {
+	if err := r.rollStep(ctx, ds, sts, dc, all, members); err != nil {
 		log.FromContext(ctx).Error(err, "rolling the etcd members")
 		r.set(ds, apiary.ConditionMembersUpdated, metav1.ConditionFalse, ReasonRolling, "the next step of the roll failed: "+err.Error())
 		return true
@@ -233,13 +233,15 @@ func (r *DataStoreReconciler) rollMembers(ctx context.Context, ds *apiary.DataSt
 	return c == nil || c.Status != metav1.ConditionTrue && c.Reason == ReasonRolling
 }
 
-func (r *DataStoreReconciler) rollStep(ctx context.Context, ds *apiary.DataStore, sts *appsv1ac.StatefulSetApplyConfiguration, dc *datastore.Client) error {
+// all are the member pods (Updated against the StatefulSet's update
+// revision) and members what each answering member says, both read once by
+// the caller for the membership and the roll.
+func (r *DataStoreReconciler) rollStep(ctx context.Context, ds *apiary.DataStore, sts *appsv1ac.StatefulSetApplyConfiguration, dc *datastore.Client, all []memberPod, members map[string]datastore.MemberState) error {
 	want := int(ds.Spec.Managed.Replicas)
 	if sts.Status == nil || sts.Generation == nil || deref(sts.Status.ObservedGeneration) < *sts.Generation {
 		r.set(ds, apiary.ConditionMembersUpdated, metav1.ConditionFalse, ReasonRolling, "waiting for the StatefulSet controller to see the new template")
 		return nil
 	}
-	rev := deref(sts.Status.UpdateRevision)
 	if int(deref(sts.Status.UpdatedReplicas)) == want && int(deref(sts.Status.Replicas)) == want {
 		r.set(ds, apiary.ConditionMembersUpdated, metav1.ConditionTrue, ReasonMembersUpdated, fmt.Sprintf("all %d etcd members run the current configuration", want))
 		return nil
@@ -253,14 +255,9 @@ func (r *DataStoreReconciler) rollStep(ctx context.Context, ds *apiary.DataStore
 			deref(sts.Status.UpdatedReplicas), want, ds.Spec.Managed.Namespace, managedetcd.Name(ds)))
 		return nil
 	}
-	all, err := r.memberPods(ctx, ds, rev)
-	if err != nil {
-		return err
-	}
 	// A pod past the members (a scale-down the StatefulSet controller has
 	// not finished) is not rolled.
-	pods := slices.DeleteFunc(all, func(p memberPod) bool { return managedetcd.MemberOrdinal(ds, p.Name) >= int32(want) })
-	members := r.memberStates(ctx, ds, dc)
+	pods := slices.DeleteFunc(slices.Clone(all), func(p memberPod) bool { return managedetcd.MemberOrdinal(ds, p.Name) >= int32(want) })
 	step := planRoll(pods, members, want, r.now())
 	progress := fmt.Sprintf("%d of %d members run the current configuration", step.Updated, want)
 	switch {
