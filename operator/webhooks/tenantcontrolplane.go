@@ -345,13 +345,17 @@ func ValidateUpdate(old, tcp *apiary.TenantControlPlane) field.ErrorList {
 		if running, err := version.ParseSemantic(old.Status.Version); err == nil && running.LessThan(oldV) {
 			from, fromV = old.Status.Version, running
 		}
+		// Back to what runs is allowed: that cancels an upgrade that has
+		// not completed (status.version moves only once every replica runs
+		// the new version).
 		switch {
-		case newV.LessThan(oldV):
-			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not be lower than the current version %s: downgrades are not supported", old.Spec.Version)))
+		case newV.LessThan(fromV):
+			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not be lower than the current version %s: downgrades are not supported", from)))
 		case newV.Minor() > fromV.Minor()+1:
 			errs = append(errs, field.Invalid(spec.Child("version"), tcp.Spec.Version, fmt.Sprintf("must not skip a minor version: upgrade from %s to v1.%d first", from, fromV.Minor()+1)))
 		}
 	}
+	errs = append(errs, versionAndModeApart(old, tcp)...)
 	bound := old.Spec.DataStore
 	if bound == "" {
 		bound = old.Status.DataStore.Name
@@ -374,4 +378,25 @@ func ValidateUpdate(old, tcp *apiary.TenantControlPlane) field.ErrorList {
 		}
 	}
 	return errs
+}
+
+// versionAndModeApart keeps an upgrade and a mode switch from overlapping:
+// a switch moves the control plane between pods and hosts, an upgrade
+// rolls it, and each waits for the control plane to be whole before its
+// next step. The controller holds spec.version during a switch all the
+// same (an object that bypassed the webhook).
+func versionAndModeApart(old, tcp *apiary.TenantControlPlane) field.ErrorList {
+	spec := field.NewPath("spec")
+	versionChanged := tcp.Spec.Version != old.Spec.Version
+	modeChanged := tcp.Spec.Mode != "" && tcp.Spec.Mode != old.Spec.Mode
+	st := old.Status
+	switch {
+	case versionChanged && modeChanged:
+		return field.ErrorList{field.Forbidden(spec.Child("version"), "must not change together with spec.mode: change one, wait until it is done (status.version, status.modeSwitch), then the other")}
+	case versionChanged && st.Switching():
+		return field.ErrorList{field.Forbidden(spec.Child("version"), fmt.Sprintf("must not change while the control plane switches to %s (status.modeSwitch.phase %s): change it once the phase is %s", st.ModeSwitch.Target, st.ModeSwitch.Phase, apiary.SwitchCompleted))}
+	case modeChanged && st.Version != "" && st.Version != old.Spec.Version:
+		return field.ErrorList{field.Forbidden(spec.Child("mode"), fmt.Sprintf("must not change while the control plane upgrades from %s to %s: switch once status.version is %s, or set spec.version back to %s first", st.Version, old.Spec.Version, old.Spec.Version, st.Version))}
+	}
+	return nil
 }

@@ -41,6 +41,10 @@ func inv(path string, detail ...string) want {
 	return want{field: path, typ: field.ErrorTypeInvalid, detail: detail}
 }
 
+func forbidden(path string, detail ...string) want {
+	return want{field: path, typ: field.ErrorTypeForbidden, detail: detail}
+}
+
 func (w want) matches(e *field.Error) bool {
 	if e.Field != w.field || e.Type != w.typ {
 		return false
@@ -425,6 +429,18 @@ func TestValidateUpdate(t *testing.T) {
 			t.Status.DataStore = apiary.DataStoreBinding{Name: status, Prefix: "/tenants/x", User: "tenant-x"}
 		})
 	}
+	upgrading := func(running, spec string) *apiary.TenantControlPlane {
+		return with(func(t *apiary.TenantControlPlane) { t.Spec.Version, t.Status.Version = spec, running })
+	}
+	mode := func(m apiary.Mode, v string) *apiary.TenantControlPlane {
+		return with(func(t *apiary.TenantControlPlane) { t.Spec.Mode, t.Spec.Version = m, v })
+	}
+	switchingTo := func(m apiary.Mode, phase string) *apiary.TenantControlPlane {
+		return with(func(t *apiary.TenantControlPlane) {
+			t.Spec.Mode, t.Spec.Version, t.Status.Version = m, "v1.37.2", "v1.37.2"
+			t.Status.ModeSwitch = &apiary.ModeSwitchStatus{Target: m, From: apiary.ModeStandalone, Phase: phase}
+		})
+	}
 	const downgrade = "downgrades are not supported"
 	tests := []struct {
 		name     string
@@ -450,8 +466,25 @@ func TestValidateUpdate(t *testing.T) {
 			[]want{inv("spec.version", "must not skip a minor version: upgrade from v1.34.0 to v1.35 first")}},
 		{"upgrade from an unsupported version", version("v1.34.0"), version("v1.35.0"), nil},
 		{"unparsable old version", version("garbage"), version("v1.37.0"), nil},
+		// An upgrade that has not completed may be taken back to what runs,
+		// not below it.
+		{"back to the running version", upgrading("v1.37.2", "v1.37.3"), version("v1.37.2"), nil},
+		{"below the running version", upgrading("v1.37.2", "v1.37.3"), version("v1.37.1"),
+			[]want{inv("spec.version", "must not be lower than the current version v1.37.2", downgrade)}},
+		{"below the spec, above what runs", upgrading("v1.36.2", "v1.37.3"), version("v1.37.0"), nil},
 		// An invalid new version is Validate's business; no second error.
 		{"invalid new version", version("v1.37.0"), version("v1.38.0"), nil},
+
+		// spec.version and spec.mode, one at a time
+		{"version during a switch", switchingTo(apiary.ModeRegistered, apiary.SwitchStartingHosts), mode(apiary.ModeRegistered, "v1.37.3"),
+			[]want{forbidden("spec.version", "must not change while the control plane switches to registered", "phase StartingHosts", "once the phase is Completed")}},
+		{"version after a switch", switchingTo(apiary.ModeRegistered, apiary.SwitchCompleted), mode(apiary.ModeRegistered, "v1.37.3"), nil},
+		{"mode during an upgrade", upgrading("v1.37.2", "v1.37.3"), mode(apiary.ModeRegistered, "v1.37.3"),
+			[]want{forbidden("spec.mode", "must not change while the control plane upgrades from v1.37.2 to v1.37.3", "set spec.version back to v1.37.2")}},
+		{"mode after an upgrade", upgrading("v1.37.3", "v1.37.3"), mode(apiary.ModeRegistered, "v1.37.3"), nil},
+		{"mode before the first rollout", upgrading("", "v1.37.3"), mode(apiary.ModeRegistered, "v1.37.3"), nil},
+		{"version and mode together", version("v1.37.2"), mode(apiary.ModeRegistered, "v1.37.3"),
+			[]want{forbidden("spec.version", "must not change together with spec.mode")}},
 
 		// spec.dataStore
 		{"dataStore unchanged", dataStore("ds-a", "ds-a"), dataStore("ds-a", "ds-a"), nil},

@@ -37,3 +37,8 @@ func (t *TenantControlPlane) RunningVersion() string {
 	}
 	return t.Spec.Version
 }
+
+// Switching reports whether a mode switch is in progress.
+func (s *TenantControlPlaneStatus) Switching() bool {
+	return s.ModeSwitch != nil && s.ModeSwitch.Phase != SwitchCompleted
+}
