@@ -28,7 +28,7 @@ func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, 
 	}
 	dep := render.Deployment(render.Inputs{
 		TCP:             tcp,
-		Version:         tcp.Spec.Version,
+		Version:         targetVersion(tcp),
 		Endpoint:        ep,
 		EtcdServers:     dsCfg.Endpoints,
 		EtcdPrefix:      tcp.Status.DataStore.Prefix,
@@ -77,7 +77,7 @@ func (r *TenantControlPlaneReconciler) observeDeployment(tcp *apiary.TenantContr
 	}
 	// The version runs once the rollout of the current template is complete.
 	if observed >= generation && updated == *tcp.Spec.Replicas && ready == *tcp.Spec.Replicas {
-		st.Version = tcp.Spec.Version
+		st.Version = targetVersion(tcp)
 	}
 }
 

@@ -111,7 +111,7 @@ type modeInputs struct {
 
 // switching reports whether a switch is in progress.
 func switching(st *apiary.TenantControlPlaneStatus) bool {
-	return st.ModeSwitch != nil && st.ModeSwitch.Phase != apiary.SwitchCompleted
+	return st.Switching()
 }
 
 // hostsOnly: the hosted pods are not wanted (the Deployment at 0
@@ -169,8 +169,8 @@ func (r *TenantControlPlaneReconciler) reconcileMode(ctx context.Context, tcp *a
 		}
 		r.hostsAvailable(tcp)
 		if next == 0 && why == "" && failedHost(st) == nil && servingHosts(st) > 0 {
-			// Every host runs what spec.version renders.
-			st.Version = tcp.Spec.Version
+			// Every host runs what the target version renders.
+			st.Version = targetVersion(tcp)
 		}
 		if f := failedHost(st); f != nil {
 			why = fmt.Sprintf("Host %s, step %s, attempt %d failed: %s (tried again every %s)", f.Host, f.Step, f.Attempts, f.Message, hostRetryAfter)

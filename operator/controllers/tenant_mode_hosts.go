@@ -299,7 +299,7 @@ func (r *TenantControlPlaneReconciler) hostControlPlane(tcp *apiary.TenantContro
 func (r *TenantControlPlaneReconciler) hostInputs(tcp *apiary.TenantControlPlane, in modeInputs) render.Inputs {
 	return render.Inputs{
 		TCP:             tcp,
-		Version:         tcp.Spec.Version,
+		Version:         targetVersion(tcp),
 		Endpoint:        in.ep,
 		EtcdServers:     in.ds.Status.HostEndpoints,
 		EtcdPrefix:      tcp.Status.DataStore.Prefix,

@@ -46,7 +46,8 @@ func (r *TenantControlPlaneReconciler) writeStatus(ctx context.Context, orig, tc
 		return nil
 	}
 	recordTransitions(r.Recorder, tcp, base.Conditions, st.Conditions, func(c metav1.Condition) bool {
-		return c.Status != metav1.ConditionTrue && c.Reason != ReasonWaitingForPrerequisites && c.Reason != ReasonWaitingForAddress && c.Reason != ReasonNoReadyReplicas
+		return c.Status != metav1.ConditionTrue && c.Reason != ReasonWaitingForPrerequisites && c.Reason != ReasonWaitingForAddress && c.Reason != ReasonNoReadyReplicas &&
+			c.Reason != ReasonUpgrading && c.Reason != ReasonHeldForModeSwitch
 	})
 	before := orig.DeepCopy()
 	before.Status = base

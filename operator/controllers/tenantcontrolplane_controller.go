@@ -328,6 +328,15 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 		return ctrl.Result{}, err
 	}
 
+	// The version: what runs, what an upgrade waits for.
+	versionNext, err := r.observeVersion(ctx, tcp)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if versionNext > 0 && (modeNext == 0 || versionNext < modeNext) {
+		modeNext = versionNext
+	}
+
 	// 7. The tenant API, probed through its endpoint.
 	api := r.probeTenantAPI(ctx, tcp, ca, ep)
 

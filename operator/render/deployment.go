@@ -25,6 +25,10 @@ const (
 	containerScheduler         = "kube-scheduler"
 )
 
+// ContainerAPIServer names the kube-apiserver container of a control-plane
+// pod; its image's tag is the version the pod runs.
+const ContainerAPIServer = containerAPIServer
+
 // ConfigHash hashes the content of the given Secrets (name → data), in a
 // stable order.
 func ConfigHash(secrets map[string]map[string][]byte) string {

@@ -390,6 +390,12 @@ const (
 	// progress. False while one runs (the reason is its phase) or when it
 	// stopped (the reason says why, the message names host and step).
 	ConditionModeSwitched = "ModeSwitched"
+	// ConditionVersionRolledOut: the control plane runs spec.version
+	// (status.version). False while an upgrade rolls (reason Upgrading),
+	// when it stopped (ImagePullFailed, NewVersionFailing: the message
+	// names pod, container and error; the tenant keeps serving on the old
+	// version) or while a mode switch holds it (HeldForModeSwitch).
+	ConditionVersionRolledOut = "VersionRolledOut"
 
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"
