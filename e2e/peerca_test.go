@@ -172,6 +172,18 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 		return nil
 	})
 
+	// The move is what is measured: start from a settled trio (after the
+	// restart above a member may still be catching up, and a write then
+	// waits for it).
+	hc := &http.Client{Timeout: 400 * time.Millisecond}
+	framework.Eventually(t, "trio settled: every member up, one leader", 2*time.Minute, func() error {
+		line, settled, err := e.trioMembers(ctx, hc)
+		if err != nil || !settled {
+			return fmt.Errorf("%s %v", line, err)
+		}
+		return nil
+	})
+
 	// A tenant client writing throughout.
 	cs := e.tenantClient(t, kc)
 	pollCtx, stopPoll := context.WithCancel(ctx)
@@ -310,32 +322,11 @@ func (e *env) sampleMembers(t *testing.T, ctx context.Context) func() []string {
 	hc := &http.Client{Timeout: 400 * time.Millisecond}
 	go func() {
 		for ctx.Err() == nil {
-			var pods corev1.PodList
-			if err := e.C.List(ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{managedetcd.LabelDataStore: "trio"}); err == nil {
-				slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
-				var b strings.Builder
-				for _, p := range pods.Items {
-					state := "down"
-					if p.Status.PodIP != "" {
-						if resp, err := hc.Get("http://" + p.Status.PodIP + ":2381/metrics"); err == nil {
-							body, _ := io.ReadAll(resp.Body)
-							resp.Body.Close()
-							state = "up"
-							if strings.Contains(string(body), "\netcd_server_is_leader 1") {
-								state = "LEADER"
-							} else if strings.Contains(string(body), "\netcd_server_has_leader 0") {
-								state = "no-leader"
-							}
-						}
-					}
-					fmt.Fprintf(&b, "%s=%s(%s) ", strings.TrimPrefix(p.Name, "trio-etcd-"), state, p.Status.PodIP)
-				}
-				if b.String() != last {
-					last = b.String()
-					mu.Lock()
-					lines = append(lines, time.Now().Format("15:04:05.0")+" "+last)
-					mu.Unlock()
-				}
+			if line, _, err := e.trioMembers(ctx, hc); err == nil && line != last {
+				last = line
+				mu.Lock()
+				lines = append(lines, time.Now().Format("15:04:05.0")+" "+last)
+				mu.Unlock()
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
@@ -345,4 +336,38 @@ func (e *env) sampleMembers(t *testing.T, ctx context.Context) func() []string {
 		defer mu.Unlock()
 		return slices.Clone(lines)
 	}
+}
+
+// trioMembers reads trio's members once: a line of "ordinal=state(IP)"
+// (state down, up, no-leader or LEADER, from each member's metrics port)
+// and whether they are settled: every pod answers, one leads and the
+// others follow it.
+func (e *env) trioMembers(ctx context.Context, hc *http.Client) (line string, settled bool, err error) {
+	var pods corev1.PodList
+	if err := e.C.List(ctx, &pods, client.InNamespace(framework.SystemNS), client.MatchingLabels{managedetcd.LabelDataStore: "trio"}); err != nil {
+		return "", false, err
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	var b strings.Builder
+	leaders, up := 0, 0
+	for _, p := range pods.Items {
+		state := "down"
+		if p.Status.PodIP != "" {
+			if resp, err := hc.Get("http://" + p.Status.PodIP + ":2381/metrics"); err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				state = "up"
+				if strings.Contains(string(body), "\netcd_server_is_leader 1") {
+					state = "LEADER"
+					leaders++
+				} else if strings.Contains(string(body), "\netcd_server_has_leader 0") {
+					state = "no-leader"
+				} else {
+					up++
+				}
+			}
+		}
+		fmt.Fprintf(&b, "%s=%s(%s) ", strings.TrimPrefix(p.Name, "trio-etcd-"), state, p.Status.PodIP)
+	}
+	return b.String(), len(pods.Items) > 0 && leaders == 1 && up == len(pods.Items)-1, nil
 }
