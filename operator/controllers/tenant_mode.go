@@ -109,16 +109,11 @@ type modeInputs struct {
 	exceeded *render.QuotaExceeded
 }
 
-// switching reports whether a switch is in progress.
-func switching(st *apiary.TenantControlPlaneStatus) bool {
-	return st.Switching()
-}
-
 // hostsOnly: the hosted pods are not wanted (the Deployment at 0
 // replicas): registered mode in effect, or a switch to it past the hand
 // over.
 func hostsOnly(st *apiary.TenantControlPlaneStatus) bool {
-	if switching(st) {
+	if st.Switching() {
 		p := st.ModeSwitch.Phase
 		return p == apiary.SwitchScalingDown
 	}
@@ -140,7 +135,7 @@ func (r *TenantControlPlaneReconciler) reconcileMode(ctx context.Context, tcp *a
 	now := metav1.NewTime(r.Now())
 	target := tcp.Spec.Mode
 	switch {
-	case !switching(st) && target != st.Mode:
+	case !st.Switching() && target != st.Mode:
 		if target == apiary.ModeRegistered && !meta.IsStatusConditionTrue(st.Conditions, apiary.ConditionReady) {
 			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionFalse, ReasonWaitingForAPI,
 				"the switch to registered starts once the hosted control plane is Ready")
@@ -149,14 +144,14 @@ func (r *TenantControlPlaneReconciler) reconcileMode(ctx context.Context, tcp *a
 		}
 		st.ModeSwitch = &apiary.ModeSwitchStatus{Target: target, From: st.Mode, Started: now, Phase: firstPhase(target), PhaseStarted: now}
 		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "ModeSwitchStarted", "SwitchMode", "switching from %s to %s", st.Mode, target)
-	case switching(st) && st.ModeSwitch.Target != target:
+	case st.Switching() && st.ModeSwitch.Target != target:
 		sw := st.ModeSwitch
 		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, "ModeSwitchReversed", "SwitchMode", "spec.mode changed to %s during the %s phase of the switch to %s: going back", target, sw.Phase, sw.Target)
 		sw.Target, sw.Reversed = target, sw.Reversed+1
 		sw.Phase, sw.PhaseStarted, sw.Finished = firstPhase(target), now, nil
 	}
 
-	if !switching(st) {
+	if !st.Switching() {
 		if st.Mode != apiary.ModeRegistered {
 			r.setCondition(tcp, apiary.ConditionModeSwitched, metav1.ConditionTrue, ReasonModeInEffect, "the control plane runs hosted (standalone)")
 			return 0, nil

@@ -85,7 +85,8 @@ type progress struct {
 }
 
 // rollProgress reads the control-plane pods of an upgrade to version: a
-// pod runs it when every container's image is tagged with it.
+// pod runs it when its kube-apiserver image is tagged with it (the other
+// components' images follow the same version in the same template).
 func rollProgress(pods []corev1.Pod, version string) progress {
 	var p progress
 	for i := range pods {

@@ -333,9 +333,6 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if versionNext > 0 && (modeNext == 0 || versionNext < modeNext) {
-		modeNext = versionNext
-	}
 
 	// 7. The tenant API, probed through its endpoint.
 	api := r.probeTenantAPI(ctx, tcp, ca, ep)
@@ -345,8 +342,10 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 
 	// 9. Ready: a summary of the above.
 	result := r.summarizeReady(tcp, ep, api, bootstrapErr)
-	if modeNext > 0 && (result.RequeueAfter == 0 || modeNext < result.RequeueAfter) {
-		result.RequeueAfter = modeNext
+	for _, next := range []time.Duration{modeNext, versionNext} {
+		if next > 0 && (result.RequeueAfter == 0 || next < result.RequeueAfter) {
+			result.RequeueAfter = next
+		}
 	}
 	// Usage is measured again when due, whatever else happens.
 	if result.RequeueAfter == 0 || quota.next < result.RequeueAfter {
