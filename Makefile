@@ -49,7 +49,7 @@ tools: ## Build every upstream binary from source (cached; about 25 min cold on 
 	hack/build-upstream.sh all
 
 images: tools ## Save docker-save tarballs of every image (the local cluster pushes them to its registry itself).
-	go run ./hack/images/cmd/build-images -save $(APIARY_CACHE)/images/tarballs
+	go run ./hack/images/cmd/build-images -previous -save $(APIARY_CACHE)/images/tarballs
 
 cluster-up: deps tools ## Start the local management cluster (idempotent).
 	go run ./hack/devcluster up

@@ -10,6 +10,8 @@
 #   component     output dir ($APIARY_CACHE/bin/...)  binaries              tools module
 #   kubernetes    kubernetes-v1.37.2    kube-apiserver kube-controller-manager kube-scheduler
 #                                       kube-proxy kubelet kubeadm kubectl      hack/tools
+#   kubernetes-previous  kubernetes-v1.36.3  the same seven, named          hack/tools/kubernetes-previous
+#                 previous/<binary> here (the previous minor: upgrade tests start there)
 #   etcd          etcd-v3.6.16          etcd etcdctl                            hack/tools/etcd
 #   containerd    containerd-v2.4.2     containerd containerd-shim-runc-v2 ctr  hack/tools/containerd
 #   cni           cni-v1.10.0           bridge host-local loopback portmap firewall  hack/tools/cni
@@ -53,6 +55,7 @@ pin() {
   printf -v "$var" %s "$v"
 }
 pin KUBE_VERSION "$here/tools" k8s.io/kubernetes
+pin KUBE_PREVIOUS_VERSION "$here/tools/kubernetes-previous" k8s.io/kubernetes
 pin ETCD_VERSION "$here/tools/etcd" go.etcd.io/etcd/server/v3
 pin CONTAINERD_VERSION "$here/tools/containerd" github.com/containerd/containerd/v2
 pin CNI_VERSION "$here/tools/cni" github.com/containernetworking/plugins
@@ -63,12 +66,16 @@ pin HELM_VERSION "$here/tools/helm" helm.sh/helm/v3
 pin KONNECTIVITY_VERSION "$here/tools/konnectivity" sigs.k8s.io/apiserver-network-proxy
 pin KUBE_ROUTER_VERSION "$here/tools/kube-router" github.com/cloudnativelabs/kube-router/v2
 
-major=${KUBE_VERSION#v}; major=${major%%.*}
-minor=${KUBE_VERSION#v*.}; minor=${minor%%.*}
-kube_stamp=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_stamp+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
+# kube_stamp VERSION: the ldflags that stamp a Kubernetes version.
+kube_stamp() {
+  local major minor pkg out=""
+  major=${1#v}; major=${major%%.*}
+  minor=${1#v*.}; minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    out+=" -X $pkg.gitVersion=$1 -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$out"
+}
 cd_pkg=github.com/containerd/containerd/v2
 containerd_stamp="-X $cd_pkg/version.Version=$CONTAINERD_VERSION -X $cd_pkg/version.Package=github.com/containerd/containerd/v2"
 cni_stamp="-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_VERSION"
@@ -88,7 +95,8 @@ kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kube
 cni_bins=(bridge host-local loopback portmap firewall)
 declare -A spec
 for b in "${kube_bins[@]}"; do
-  spec[$b]="kubernetes-$KUBE_VERSION|$here/tools|k8s.io/kubernetes/cmd/$b||$kube_stamp"
+  spec[$b]="kubernetes-$KUBE_VERSION|$here/tools|k8s.io/kubernetes/cmd/$b||$(kube_stamp "$KUBE_VERSION")"
+  spec[previous/$b]="kubernetes-$KUBE_PREVIOUS_VERSION|$here/tools/kubernetes-previous|k8s.io/kubernetes/cmd/$b||$(kube_stamp "$KUBE_PREVIOUS_VERSION")"
 done
 spec[etcd]="etcd-$ETCD_VERSION|$here/tools/etcd|go.etcd.io/etcd/server/v3||"
 spec[etcdctl]="etcd-$ETCD_VERSION|$here/tools/etcd|go.etcd.io/etcd/etcdctl/v3||"
@@ -114,6 +122,7 @@ spec[proxy-agent]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|s
 
 declare -A groups=(
   [kubernetes]="${kube_bins[*]}"
+  [kubernetes-previous]="${kube_bins[*]/#/previous/}"
   [etcd]="etcd etcdctl"
   [containerd]="containerd containerd-shim-runc-v2 ctr"
   [cni]="${cni_bins[*]}"
@@ -124,7 +133,7 @@ declare -A groups=(
   [konnectivity]="proxy-server proxy-agent"
   [kube-router]=kube-router
 )
-order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router)
+order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router kubernetes-previous)
 
 # metallb_modfile prepares a `go build -modfile` for the MetalLB controller and
 # prints its path. MetalLB v0.16.2 requires github.com/metallb/frr-k8s
@@ -186,12 +195,13 @@ EOF2
   echo "$dir/go.mod"
 }
 
-path_of() { local s=${spec[$1]}; echo "$cache/bin/${s%%|*}/$1"; }
+# A binary's file is its name without a "previous/" prefix.
+path_of() { local s=${spec[$1]}; echo "$cache/bin/${s%%|*}/${1##*/}"; }
 
 build() { # name
   local name=$1 comp dir pkg tags ldflags out
   IFS='|' read -r comp dir pkg tags ldflags <<<"${spec[$name]}"
-  out=$cache/bin/$comp/$name
+  out=$cache/bin/$comp/${name##*/}
   if [ -x "$out" ]; then echo "cached $name ($out)" >&2; return 0; fi
   mkdir -p "$(dirname "$out")"
   echo "building $name ($pkg) into $out" >&2

@@ -29,7 +29,9 @@ var clusterImages = []string{PauseImage, CoreDNSImage, MetalLBImage}
 // imagesToPush splits hack/images' images into those the cluster runs and
 // the rest (without Apiary's own unless opts.ApiaryImage).
 func (c *Cluster) imagesToPush() (first, rest []images.Image) {
-	for _, im := range images.All(c.opts.CacheDir, c.opts.ApiaryVersion) {
+	// The previous Kubernetes minor's too: upgrade tests start tenants
+	// there.
+	for _, im := range append(images.All(c.opts.CacheDir, c.opts.ApiaryVersion), images.Previous(c.opts.CacheDir)...) {
 		switch {
 		case slices.Contains(clusterImages, im.Ref):
 			first = append(first, im)

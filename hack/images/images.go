@@ -26,7 +26,11 @@ import (
 // modules under hack/tools, which hack/build-upstream.sh builds (a unit test
 // checks the binary paths against `hack/build-upstream.sh --list`).
 const (
-	KubeVersion         = "v1.37.2"
+	KubeVersion = "v1.37.2"
+	// PreviousKubeVersion is the newest patch of the minor before
+	// KubeVersion (hack/tools/kubernetes-previous), which upgrade tests
+	// start tenants at. Its images are Previous, not part of All yet.
+	PreviousKubeVersion = "v1.36.3"
 	EtcdVersion         = "v3.6.16"
 	CoreDNSVersion      = "v1.15.0"
 	KonnectivityVersion = "v0.36.0"
@@ -155,24 +159,7 @@ func DefaultCacheDir() string {
 // binaries ($APIARY_CACHE); apiaryVersion tags ghcr.io/apiaryhq/apiary and is
 // stamped into its binary. Nothing is read or built until Push or Save.
 func All(cacheDir, apiaryVersion string) []Image {
-	kube := "kubernetes-" + KubeVersion
-	var out []Image
-	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		p := "/usr/local/bin/" + c
-		out = append(out, Image{
-			Ref:        "registry.k8s.io/" + c + ":" + KubeVersion,
-			Entrypoint: []string{p},
-			Layers:     []Layer{{Name: c, Files: []File{bin(cacheDir, kube, c, p)}}},
-		})
-	}
-	out = append(out, Image{
-		Ref:        "registry.k8s.io/kube-proxy:" + KubeVersion,
-		Entrypoint: []string{"/usr/local/bin/kube-proxy"},
-		Layers: []Layer{
-			{Name: "iptables and conntrack from this machine (Debian)", Resolve: hostIPTables},
-			{Name: "kube-proxy", Files: []File{bin(cacheDir, kube, "kube-proxy", "/usr/local/bin/kube-proxy")}},
-		},
-	})
+	out := kubeImages(cacheDir, KubeVersion, "")
 	etcd := "etcd-" + EtcdVersion
 	out = append(out, Image{
 		Ref:        "registry.k8s.io/etcd:" + EtcdImageTag,
@@ -217,25 +204,6 @@ func All(cacheDir, apiaryVersion string) []Image {
 		Layers: []Layer{{Name: "metallb controller", Files: []File{
 			bin(cacheDir, "metallb-"+MetalLBVersion, "controller", "/controller"),
 		}}},
-	})
-	// The node bundle is what the SSH host agent installs on a host: the
-	// node binaries of one Kubernetes version and the CNI plugins, copied
-	// out of the image (it is never run).
-	cni := "cni-" + CNIVersion
-	var cniFiles []File
-	for _, p := range CNIPlugins {
-		cniFiles = append(cniFiles, bin(cacheDir, cni, p, "/opt/cni/bin/"+p))
-	}
-	out = append(out, Image{
-		Ref: NodeBundleRepository + ":" + KubeVersion,
-		Layers: []Layer{
-			{Name: "kubelet, kubeadm, kubectl", Files: []File{
-				bin(cacheDir, kube, "kubelet", "/usr/bin/kubelet"),
-				bin(cacheDir, kube, "kubeadm", "/usr/bin/kubeadm"),
-				bin(cacheDir, kube, "kubectl", "/usr/bin/kubectl"),
-			}},
-			{Name: "CNI plugins", Files: cniFiles},
-		},
 	})
 	out = append(out, Image{
 		Ref:        "docker.io/cloudnativelabs/kube-router:" + KubeRouterVersion,
@@ -320,4 +288,59 @@ func Mirror(addr, ref string) (string, error) {
 		return "", err
 	}
 	return addr + "/" + repo + ":" + tag, nil
+}
+
+// Previous is the images of PreviousKubeVersion: its control plane,
+// kube-proxy and node bundle (built by hack/build-upstream.sh
+// kubernetes-previous).
+func Previous(cacheDir string) []Image {
+	return kubeImages(cacheDir, PreviousKubeVersion, "previous/")
+}
+
+// kubeImages is one Kubernetes version's images: the control-plane
+// components, kube-proxy and the node bundle. buildPrefix is the prefix of
+// the binaries' names in hack/build-upstream.sh.
+func kubeImages(cacheDir, version, buildPrefix string) []Image {
+	kube := "kubernetes-" + version
+	kubeBin := func(name, imagePath string) File {
+		f := bin(cacheDir, kube, name, imagePath)
+		f.Missing = "hack/build-upstream.sh " + buildPrefix + name
+		return f
+	}
+	var out []Image
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		p := "/usr/local/bin/" + c
+		out = append(out, Image{
+			Ref:        "registry.k8s.io/" + c + ":" + version,
+			Entrypoint: []string{p},
+			Layers:     []Layer{{Name: c, Files: []File{kubeBin(c, p)}}},
+		})
+	}
+	out = append(out, Image{
+		Ref:        "registry.k8s.io/kube-proxy:" + version,
+		Entrypoint: []string{"/usr/local/bin/kube-proxy"},
+		Layers: []Layer{
+			{Name: "iptables and conntrack from this machine (Debian)", Resolve: hostIPTables},
+			{Name: "kube-proxy", Files: []File{kubeBin("kube-proxy", "/usr/local/bin/kube-proxy")}},
+		},
+	})
+	// The node bundle is what the SSH host agent installs on a host: the
+	// node binaries of one Kubernetes version and the CNI plugins, copied
+	// out of the image (it is never run).
+	cni := "cni-" + CNIVersion
+	var cniFiles []File
+	for _, p := range CNIPlugins {
+		cniFiles = append(cniFiles, bin(cacheDir, cni, p, "/opt/cni/bin/"+p))
+	}
+	return append(out, Image{
+		Ref: NodeBundleRepository + ":" + version,
+		Layers: []Layer{
+			{Name: "kubelet, kubeadm, kubectl", Files: []File{
+				kubeBin("kubelet", "/usr/bin/kubelet"),
+				kubeBin("kubeadm", "/usr/bin/kubeadm"),
+				kubeBin("kubectl", "/usr/bin/kubectl"),
+			}},
+			{Name: "CNI plugins", Files: cniFiles},
+		},
+	})
 }

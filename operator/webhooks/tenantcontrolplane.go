@@ -395,6 +395,9 @@ func versionAndModeApart(old, tcp *apiary.TenantControlPlane) field.ErrorList {
 		return field.ErrorList{field.Forbidden(spec.Child("version"), "must not change together with spec.mode: change one, wait until it is done (status.version, status.modeSwitch), then the other")}
 	case versionChanged && st.Switching():
 		return field.ErrorList{field.Forbidden(spec.Child("version"), fmt.Sprintf("must not change while the control plane switches to %s (status.modeSwitch.phase %s): change it once the phase is %s", st.ModeSwitch.Target, st.ModeSwitch.Phase, apiary.SwitchCompleted))}
+	case versionChanged && st.Mode != "" && old.Spec.Mode != st.Mode:
+		// Asked for, not started yet: the next reconcile starts it.
+		return field.ErrorList{field.Forbidden(spec.Child("version"), fmt.Sprintf("must not change while the control plane is about to switch from %s to %s: change it once status.mode is %s and the switch completed", st.Mode, old.Spec.Mode, old.Spec.Mode))}
 	case modeChanged && st.Version != "" && st.Version != old.Spec.Version:
 		return field.ErrorList{field.Forbidden(spec.Child("mode"), fmt.Sprintf("must not change while the control plane upgrades from %s to %s: switch once status.version is %s, or set spec.version back to %s first", st.Version, old.Spec.Version, old.Spec.Version, st.Version))}
 	}

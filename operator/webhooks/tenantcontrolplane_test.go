@@ -478,6 +478,10 @@ func TestValidateUpdate(t *testing.T) {
 		// spec.version and spec.mode, one at a time
 		{"version during a switch", switchingTo(apiary.ModeRegistered, apiary.SwitchStartingHosts), mode(apiary.ModeRegistered, "v1.37.3"),
 			[]want{forbidden("spec.version", "must not change while the control plane switches to registered", "phase StartingHosts", "once the phase is Completed")}},
+		{"version before a requested switch starts", with(func(t *apiary.TenantControlPlane) {
+			t.Spec.Mode, t.Status.Mode, t.Status.Version = apiary.ModeRegistered, apiary.ModeStandalone, "v1.37.2"
+		}), mode(apiary.ModeRegistered, "v1.37.3"),
+			[]want{forbidden("spec.version", "about to switch from standalone to registered")}},
 		{"version after a switch", switchingTo(apiary.ModeRegistered, apiary.SwitchCompleted), mode(apiary.ModeRegistered, "v1.37.3"), nil},
 		{"mode during an upgrade", upgrading("v1.37.2", "v1.37.3"), mode(apiary.ModeRegistered, "v1.37.3"),
 			[]want{forbidden("spec.mode", "must not change while the control plane upgrades from v1.37.2 to v1.37.3", "set spec.version back to v1.37.2")}},

@@ -6,6 +6,7 @@
 //	go run ./hack/images/cmd/build-images -push 127.0.0.1:5000 [NAME...]
 //	go run ./hack/images/cmd/build-images -save DIR [NAME...]
 //	go run ./hack/images/cmd/build-images -list
+//	go run ./hack/images/cmd/build-images -previous -save DIR kube-apiserver:v1.36.3
 //
 // NAME is an image's reference, repository or last path element (pause,
 // kube-apiserver, proxy-agent, ...); the default is every image.
@@ -29,9 +30,13 @@ func main() {
 	push := flag.String("push", "", "push to this plain-HTTP registry (host:port)")
 	save := flag.String("save", "", "write docker-save tarballs into this directory")
 	list := flag.Bool("list", false, "list the images and exit")
+	previous := flag.Bool("previous", false, "also the images of the previous Kubernetes minor ("+images.PreviousKubeVersion+": control plane, kube-proxy, node bundle; needs hack/build-upstream.sh kubernetes-previous)")
 	flag.Parse()
 
 	all := images.All(*cache, *version)
+	if *previous {
+		all = append(all, images.Previous(*cache)...)
+	}
 	sel := all
 	if flag.NArg() > 0 {
 		var err error
