@@ -75,10 +75,18 @@ func (r *TenantControlPlaneReconciler) observeDeployment(tcp *apiary.TenantContr
 		r.setCondition(tcp, apiary.ConditionControlPlaneAvailable, metav1.ConditionFalse, ReasonNoReadyReplicas,
 			fmt.Sprintf("0 of %d control-plane replicas ready", *tcp.Spec.Replicas))
 	}
-	// The version runs once the rollout of the current template is complete.
-	if observed >= generation && updated == *tcp.Spec.Replicas && ready == *tcp.Spec.Replicas {
+	// The version runs once the rollout of the current template is complete:
+	// every pod left is of the new template and ready. readyReplicas alone
+	// counts old pods too, which serve until the Deployment removes them.
+	if rolledOutDeployment(observed, generation, replicas, updated, ready, *tcp.Spec.Replicas) {
 		st.Version = targetVersion(tcp)
 	}
+}
+
+// rolledOutDeployment says whether a Deployment runs only its current
+// template, want replicas of it, all ready.
+func rolledOutDeployment(observed, generation int64, replicas, updated, ready, want int32) bool {
+	return observed >= generation && replicas == updated && updated == want && ready == want
 }
 
 func deref[T any](p *T) T {

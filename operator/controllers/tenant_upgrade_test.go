@@ -86,3 +86,24 @@ func TestRollProgress(t *testing.T) {
 		})
 	}
 }
+
+func TestRolledOutDeployment(t *testing.T) {
+	for _, c := range []struct {
+		name                     string
+		observed, generation     int64
+		replicas, updated, ready int32
+		want                     bool
+	}{
+		{"all new and ready", 3, 3, 2, 2, 2, true},
+		// The moment the e2e upgrade test caught: both new pods exist,
+		// one is ready, and an old one still serves.
+		{"an old pod still serves", 3, 3, 3, 2, 2, false},
+		{"a new pod not ready", 3, 3, 2, 2, 1, false},
+		{"template not observed yet", 2, 3, 2, 2, 2, false},
+		{"scaling up", 3, 3, 1, 1, 1, false},
+	} {
+		if got := rolledOutDeployment(c.observed, c.generation, c.replicas, c.updated, c.ready, 2); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
