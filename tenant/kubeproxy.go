@@ -41,7 +41,13 @@ func kubeProxy(in Inputs) ([]any, error) {
 		"kind":             "KubeProxyConfiguration",
 		"clientConnection": map[string]any{"kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf"},
 		"clusterCIDR":      in.TCP.Spec.Network.PodCIDR,
-		"mode":             "iptables",
+		// The hosts are the tenant's: kube-proxy leaves their conntrack
+		// table size as it is. (v1.36 otherwise sets nf_conntrack_max to
+		// exactly its default, lowering a larger limit, and fails where
+		// the table is not its to change: in a container's network
+		// namespace, as on kind-like hosts. v1.37 only ever raises it.)
+		"conntrack": map[string]any{"maxPerCore": 0},
+		"mode":      "iptables",
 	})
 	if err != nil {
 		return nil, err
