@@ -99,3 +99,27 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// UpgradeNode runs `kubeadm upgrade node` on a joined worker whose new
+// node software Install has put in place, then restarts the kubelet on it.
+// kubeadm rewrites the kubelet's configuration from the tenant's
+// kubelet-config ConfigMap (with this host's patches, as at the join); the
+// kubelet reads it and its new binary only on a restart. Run again, it
+// does the same: the step is idempotent. SystemVerification is not fatal,
+// as at the join: on cgroup v1 it fails unless the kubelet has
+// failCgroupV1: false, which the join's patch gives it.
+func UpgradeNode(ctx context.Context, c *Client) (string, error) {
+	script := fmt.Sprintf(`set -e
+patches=
+if [ -d %[1]s ]; then patches="--patches %[1]s"; fi
+kubeadm upgrade node $patches --ignore-preflight-errors=SystemVerification 2>&1
+systemctl daemon-reload
+systemctl restart kubelet
+kubelet --version
+`, patchesDir)
+	out, err := c.RunScript(ctx, script)
+	if err != nil {
+		return out, fmt.Errorf("kubeadm upgrade node: %w\n%s", err, tail(out, 15))
+	}
+	return out, nil
+}

@@ -93,6 +93,9 @@ type HostReconciler struct {
 	// → start second): a Running step it did not start was left by an
 	// earlier operator, which may have died of it.
 	started sync.Map
+	// upgradeSlots serialises the start of worker upgrades, so that a
+	// tenant's maxParallel holds across concurrent reconciles.
+	upgradeSlots sync.Mutex
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=hosts,verbs=get;list;watch;update;patch
@@ -119,6 +122,7 @@ func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.controlPlaneHostsOf), builder.WithPredicates(tenantChangesJoins())).
+		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.workerHostsOf), builder.WithPredicates(tenantChangesWorkerVersion())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: n}).
 		Complete(r)
 }
@@ -246,7 +250,16 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		return res, nil
 	}
-	res := r.observeNode(ctx, h)
+	res, busy, err := r.upgradeWorker(ctx, &orig, h)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !busy {
+		observed := r.observeNode(ctx, h)
+		if res.RequeueAfter == 0 || observed.RequeueAfter > 0 && observed.RequeueAfter < res.RequeueAfter {
+			res = observed
+		}
+	}
 	return res, r.writeStatus(ctx, &orig, h)
 }
 
@@ -364,16 +377,12 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 		return fail(ReasonInstallFailed, err.Error())
 	}
 	tcp.Default()
-	repo := r.NodeBundleRepository
-	if repo == "" {
-		repo = DefaultNodeBundleRepository
-	}
 	installCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	// The version the tenant runs, not spec.version: a host installed while
 	// an upgrade rolls must not run a kubelet newer than a kube-apiserver.
 	version := tcp.RunningVersion()
-	bundle, err := hosts.ResolveBundle(installCtx, repo+":"+version, r.NodeBundleInsecure)
+	bundle, err := hosts.ResolveBundle(installCtx, r.nodeBundleRepository()+":"+version, r.NodeBundleInsecure)
 	if err != nil {
 		return fail(ReasonInstallFailed, err.Error())
 	}
@@ -386,8 +395,16 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 		return fail(ReasonInstallFailed, err.Error())
 	}
 	r.succeedStep(step, fmt.Sprintf("kubelet, kubeadm, kubectl %s and CNI plugins from %s", version, bundle.Ref))
+	h.Status.Version = version
 	r.setCondition(h, apiary.HostConditionInstalled, metav1.ConditionTrue, ReasonInstalled, step.Message)
 	return ctrl.Result{}
+}
+
+func (r *HostReconciler) nodeBundleRepository() string {
+	if r.NodeBundleRepository == "" {
+		return DefaultNodeBundleRepository
+	}
+	return r.NodeBundleRepository
 }
 
 // target resolves how to reach the host: its SSH key from the Secret.

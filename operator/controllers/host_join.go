@@ -243,6 +243,10 @@ func (r *HostReconciler) observeNode(ctx context.Context, h *apiary.Host) ctrl.R
 			fmt.Sprintf("Node %s was re-created (UID %s, joined as %s)", node.Name, node.UID, st.NodeUID))
 	}
 	st.NodeName, st.NodeUID = node.Name, string(node.UID)
+	if st.Version == "" {
+		// Installed before Hosts recorded their version.
+		st.Version = node.Status.NodeInfo.KubeletVersion
+	}
 	if err := r.applyNodeMetadata(ctx, h, ta, node); err != nil {
 		log.FromContext(ctx).Info("applying Node labels and taints failed", "error", err.Error())
 	}

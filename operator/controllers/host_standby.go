@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -194,6 +195,42 @@ func (r *HostReconciler) controlPlaneHostsOf(ctx context.Context, o client.Objec
 		}
 	}
 	return out
+}
+
+// workerHostsOf maps a tenant to its worker Hosts, which follow its
+// version.
+func (r *HostReconciler) workerHostsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	var list apiary.HostList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, h := range list.Items {
+		if h.Spec.TenantControlPlane == o.GetName() && h.Spec.Role != apiary.HostRoleControlPlane {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
+		}
+	}
+	return out
+}
+
+// tenantChangesWorkerVersion passes the tenant changes that start or hold
+// its workers' upgrades: the version it runs or wants, and
+// spec.hostUpgrades.
+func tenantChangesWorkerVersion() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*apiary.TenantControlPlane)
+			n, ok2 := e.ObjectNew.(*apiary.TenantControlPlane)
+			if !ok1 || !ok2 {
+				return false
+			}
+			return o.Status.Version != n.Status.Version || o.Spec.Version != n.Spec.Version ||
+				!equality.Semantic.DeepEqual(o.Spec.HostUpgrades, n.Spec.HostUpgrades)
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 // tenantChangesJoins passes the tenant changes that decide whether its

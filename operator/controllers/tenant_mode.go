@@ -441,6 +441,13 @@ func (r *TenantControlPlaneReconciler) podsInService(ctx context.Context, tcp *a
 }
 
 // tenantOfHost maps a Host to its tenant.
+func conditionReason(conds []metav1.Condition, typ string) string {
+	if c := meta.FindStatusCondition(conds, typ); c != nil {
+		return string(c.Status) + "/" + c.Reason
+	}
+	return ""
+}
+
 func tenantOfHost(_ context.Context, o client.Object) []reconcile.Request {
 	h, ok := o.(*apiary.Host)
 	if !ok || h.Spec.TenantControlPlane == "" {
@@ -460,7 +467,10 @@ func hostChangesControlPlane() predicate.Predicate {
 				return false
 			}
 			return o.Spec.Role != n.Spec.Role || o.Spec.Address != n.Spec.Address || o.Status.Phase != n.Status.Phase ||
-				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
+				// The tenant's HostsUpToDate follows its workers.
+				o.Status.Version != n.Status.Version || o.Status.UpgradingTo != n.Status.UpgradingTo ||
+				conditionReason(o.Status.Conditions, apiary.HostConditionUpToDate) != conditionReason(n.Status.Conditions, apiary.HostConditionUpToDate)
 		},
 	}
 }

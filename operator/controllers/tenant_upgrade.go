@@ -3,10 +3,12 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -155,4 +157,64 @@ func lastExit(c corev1.ContainerStatus) string {
 		s += ": " + msg
 	}
 	return s
+}
+
+// observeHostVersions sets HostsUpToDate from the tenant's joined worker
+// Hosts: which run the version the control plane runs, which upgrade,
+// which wait or are held, and which failed. A tenant without worker Hosts
+// has no such condition.
+func (r *TenantControlPlaneReconciler) observeHostVersions(ctx context.Context, tcp *apiary.TenantControlPlane) error {
+	var list apiary.HostList
+	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
+		return fmt.Errorf("listing Hosts: %w", err)
+	}
+	var workers []apiary.Host
+	for _, h := range list.Items {
+		if h.Spec.TenantControlPlane == tcp.Name && h.Spec.Role != apiary.HostRoleControlPlane && h.Status.NodeName != "" && h.Status.Version != "" {
+			workers = append(workers, h)
+		}
+	}
+	status, reason, msg := hostVersions(workers, tcp.RunningVersion())
+	if status == "" {
+		meta.RemoveStatusCondition(&tcp.Status.Conditions, apiary.ConditionHostsUpToDate)
+		return nil
+	}
+	r.setCondition(tcp, apiary.ConditionHostsUpToDate, status, reason, msg)
+	return nil
+}
+
+// hostVersions summarises joined workers against the version the control
+// plane runs: the most pressing reason first (a failure, then an upgrade
+// under way, then a pause), with the lagging Hosts named.
+func hostVersions(workers []apiary.Host, running string) (metav1.ConditionStatus, string, string) {
+	if len(workers) == 0 {
+		return "", "", ""
+	}
+	slices.SortFunc(workers, func(a, b apiary.Host) int { return strings.Compare(a.Name, b.Name) })
+	var lagging []string
+	reasons := map[string]bool{}
+	at := 0
+	for _, h := range workers {
+		if h.Status.Version == running && h.Status.UpgradingTo == "" {
+			at++
+			continue
+		}
+		c := meta.FindStatusCondition(h.Status.Conditions, apiary.HostConditionUpToDate)
+		why := "waiting"
+		if c != nil && c.Status == metav1.ConditionFalse {
+			why, reasons[c.Reason] = c.Reason, true
+		}
+		lagging = append(lagging, fmt.Sprintf("%s (%s, %s)", h.Name, h.Status.Version, why))
+	}
+	if len(lagging) == 0 {
+		return metav1.ConditionTrue, ReasonAtVersion, fmt.Sprintf("every worker Host (%d) runs %s", at, running)
+	}
+	reason := ReasonHostUpgrading
+	for _, r := range []string{ReasonUpgradeFailed, ReasonHostUpgrading, ReasonUpgradePaused, ReasonWaitingForControlPlane} {
+		if reasons[r] {
+			reason = r
+			break
+		}
+	}
+	return metav1.ConditionFalse, reason, fmt.Sprintf("%d of %d worker Hosts run %s; lagging: %s", at, len(workers), running, strings.Join(lagging, ", "))
 }

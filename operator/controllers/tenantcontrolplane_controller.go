@@ -333,6 +333,9 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.observeHostVersions(ctx, tcp); err != nil {
+		return ctrl.Result{}, err
+	}
 
 	// 7. The tenant API, probed through its endpoint.
 	api := r.probeTenantAPI(ctx, tcp, ca, ep)

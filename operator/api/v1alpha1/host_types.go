@@ -29,6 +29,9 @@ const (
 	// again (Node deleted, kubeadm reset, software kept) once the switch
 	// back has taken the control plane off it.
 	HostPhaseStandby   HostPhase = "Standby"
+	// HostPhaseUpgrading: a joined worker moves to the version its
+	// tenant's control plane runs (journal steps upgrade-*).
+	HostPhaseUpgrading HostPhase = "Upgrading"
 	HostPhaseDraining  HostPhase = "Draining"
 	HostPhaseResetting HostPhase = "Resetting"
 	HostPhaseFailed    HostPhase = "Failed"
@@ -50,6 +53,9 @@ const (
 	HostConditionJoined = "Joined"
 	// HostConditionNodeReady mirrors the Node's Ready condition.
 	HostConditionNodeReady = "NodeReady"
+	// HostConditionUpToDate: the node software runs the version of the
+	// tenant's control plane (status.version); False says why not yet.
+	HostConditionUpToDate = "UpToDate"
 )
 
 // SSHPrivateKeyKey is the key of the private key in a Host's SSH key Secret
@@ -116,7 +122,8 @@ type HostFacts struct {
 // HostStep is one entry of a Host's journal: every step the agent takes on
 // the host is recorded so that it resumes, not repeats, after a restart.
 type HostStep struct {
-	// Name of the step (preflight, install, join, drain, reset).
+	// Name of the step (preflight, install, join, upgrade-drain,
+	// upgrade-install, upgrade-node, upgrade-ready, leave, drain, reset).
 	Name string `json:"name"`
 	// Started is when the step last began.
 	Started metav1.Time `json:"started"`
@@ -158,6 +165,14 @@ type HostStatus struct {
 	// operator reuses it and deletes it afterwards: never a second token.
 	// +optional
 	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// Version is the Kubernetes version of the node software installed
+	// (kubelet, kubeadm).
+	// +optional
+	Version string `json:"version,omitempty"`
+	// UpgradingTo is the version an upgrade under way moves the host to,
+	// recorded before it starts; empty when none is.
+	// +optional
+	UpgradingTo string `json:"upgradingTo,omitempty"`
 	// +optional
 	Facts *HostFacts `json:"facts,omitempty"`
 	// Journal of the steps taken on the host, oldest first.

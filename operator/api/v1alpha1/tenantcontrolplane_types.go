@@ -86,6 +86,23 @@ type AddonsSpec struct {
 	Konnectivity AddonSpec `json:"konnectivity,omitempty"`
 }
 
+// HostUpgradePolicy paces the upgrade of a tenant's worker Hosts.
+type HostUpgradePolicy struct {
+	// MaxParallel is how many worker Hosts are upgraded at once; 1 when
+	// unset. A Host whose upgrade fails counts until it succeeds, so a
+	// failure stops the rollout.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxParallel int32 `json:"maxParallel,omitempty"`
+	// Paused holds the worker Hosts that have not started their upgrade at
+	// the version they run (a Host already upgrading finishes). A kubelet
+	// may be up to three minors older than the API server; the Hosts'
+	// UpToDate condition and the tenant's HostsUpToDate say which lag.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+}
+
 // TenantControlPlaneSpec is the desired tenant control plane.
 type TenantControlPlaneSpec struct {
 	// Version of Kubernetes, vMAJOR.MINOR.PATCH. Upgrades go one minor at a
@@ -101,6 +118,11 @@ type TenantControlPlaneSpec struct {
 	// +kubebuilder:validation:Maximum=7
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+	// HostUpgrades says how the tenant's joined worker Hosts follow a
+	// version change, once the control plane runs it: drained, upgraded
+	// and back Ready one host (or maxParallel) at a time.
+	// +optional
+	HostUpgrades *HostUpgradePolicy `json:"hostUpgrades,omitempty"`
 	// DataStore names the DataStore holding the tenant's state. Empty lets
 	// placement choose one; the choice is recorded in status.dataStore and
 	// cannot change afterwards.
@@ -396,6 +418,9 @@ const (
 	// names pod, container and error; the tenant keeps serving on the old
 	// version) or while a mode switch holds it (HeldForModeSwitch).
 	ConditionVersionRolledOut = "VersionRolledOut"
+	// ConditionHostsUpToDate: every joined worker Host runs the version
+	// the control plane runs; False names the Hosts that lag and why.
+	ConditionHostsUpToDate = "HostsUpToDate"
 
 	// ConditionMembersReady is a managed DataStore's: every etcd member ready.
 	ConditionMembersReady = "MembersReady"

@@ -1,0 +1,95 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+)
+
+func TestUpgradeWanted(t *testing.T) {
+	r := &HostReconciler{Recorder: events.NewFakeRecorder(10), Now: time.Now}
+	tenant := func(spec, running string, paused bool) *apiary.TenantControlPlane {
+		tcp := &apiary.TenantControlPlane{}
+		tcp.Spec.Version, tcp.Status.Version = spec, running
+		if paused {
+			tcp.Spec.HostUpgrades = &apiary.HostUpgradePolicy{Paused: true}
+		}
+		return tcp
+	}
+	for _, c := range []struct {
+		name      string
+		host      string
+		tcp       *apiary.TenantControlPlane
+		start     bool
+		reason    string
+		inMessage string
+	}{
+		{"at the version", "v1.37.2", tenant("v1.37.2", "v1.37.2", false), false, ReasonAtVersion, "runs v1.37.2"},
+		// At what runs counts, not at what is wanted: the host moves
+		// only once the control plane does.
+		{"control plane rolling, host at what runs", "v1.36.3", tenant("v1.37.2", "v1.36.3", false), false, ReasonAtVersion, "runs v1.36.3"},
+		{"control plane rolling, host behind", "v1.35.4", tenant("v1.37.2", "v1.36.3", false), false, ReasonWaitingForControlPlane, "once the control plane runs v1.37.2"},
+		{"control plane done", "v1.36.3", tenant("v1.37.2", "v1.37.2", false), true, "", ""},
+		{"paused", "v1.36.3", tenant("v1.37.2", "v1.37.2", true), false, ReasonUpgradePaused, "1 minor(s) behind; a kubelet may be at most 3"},
+		{"never downgraded", "v1.37.3", tenant("v1.37.2", "v1.37.2", false), false, ReasonAtVersion, "never downgraded"},
+		{"version unknown yet", "", tenant("v1.37.2", "v1.37.2", false), false, "", ""},
+	} {
+		h := &apiary.Host{}
+		h.Status.Version = c.host
+		_, start := r.upgradeWanted(h, c.tcp)
+		if start != c.start {
+			t.Errorf("%s: start %v, want %v", c.name, start, c.start)
+		}
+		cond := meta.FindStatusCondition(h.Status.Conditions, apiary.HostConditionUpToDate)
+		if c.reason == "" {
+			if cond != nil {
+				t.Errorf("%s: condition %s %s, want none", c.name, cond.Reason, cond.Message)
+			}
+			continue
+		}
+		if cond == nil || cond.Reason != c.reason || !strings.Contains(cond.Message, c.inMessage) {
+			t.Errorf("%s: condition %+v, want reason %s with %q", c.name, cond, c.reason, c.inMessage)
+		}
+	}
+}
+
+func TestHostVersions(t *testing.T) {
+	host := func(name, version, upgradingTo, reason string) apiary.Host {
+		h := apiary.Host{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		h.Status.Version, h.Status.UpgradingTo = version, upgradingTo
+		if reason != "" {
+			h.Status.Conditions = []metav1.Condition{{Type: apiary.HostConditionUpToDate, Status: metav1.ConditionFalse, Reason: reason}}
+		}
+		return h
+	}
+	if s, _, _ := hostVersions(nil, "v1.37.2"); s != "" {
+		t.Errorf("no workers: status %q, want no condition", s)
+	}
+	for _, c := range []struct {
+		name    string
+		workers []apiary.Host
+		status  metav1.ConditionStatus
+		reason  string
+		message string
+	}{
+		{"all at the version", []apiary.Host{host("w1", "v1.37.2", "", ""), host("w2", "v1.37.2", "", "")},
+			metav1.ConditionTrue, ReasonAtVersion, "every worker Host (2) runs v1.37.2"},
+		{"one upgrading, one waiting", []apiary.Host{host("w2", "v1.36.3", "", ReasonWaitingForTurn), host("w1", "v1.36.3", "v1.37.2", ReasonHostUpgrading)},
+			metav1.ConditionFalse, ReasonHostUpgrading, "0 of 2 worker Hosts run v1.37.2; lagging: w1 (v1.36.3, Upgrading), w2 (v1.36.3, WaitingForTurn)"},
+		{"a failure first", []apiary.Host{host("w1", "v1.37.2", "", ""), host("w2", "v1.36.3", "v1.37.2", ReasonUpgradeFailed), host("w3", "v1.36.3", "", ReasonWaitingForTurn)},
+			metav1.ConditionFalse, ReasonUpgradeFailed, "1 of 3 worker Hosts run v1.37.2; lagging: w2 (v1.36.3, UpgradeFailed), w3"},
+		{"paused", []apiary.Host{host("w1", "v1.36.3", "", ReasonUpgradePaused)},
+			metav1.ConditionFalse, ReasonUpgradePaused, "lagging: w1 (v1.36.3, Paused)"},
+	} {
+		s, reason, msg := hostVersions(c.workers, "v1.37.2")
+		if s != c.status || reason != c.reason || !strings.Contains(msg, c.message) {
+			t.Errorf("%s: %s %s %q, want %s %s with %q", c.name, s, reason, msg, c.status, c.reason, c.message)
+		}
+	}
+}
