@@ -61,7 +61,6 @@ func TestE2E(t *testing.T) {
 	t.Run("ControlPlanePodDeleted", e.testPodDeletion)
 	t.Run("CertificatesRenewOnTime", e.testCertRenewal)
 	t.Run("UpgradeToMissingImagesStopsAndCancels", e.testUpgradeToMissingImages)
-	t.Run("ControlPlaneUpgradesAMinor", e.testMinorUpgrade)
 	t.Run("WebhookRejectsBadSpecs", e.testWebhook)
 	t.Run("WebhookRefusesBoundaryFlags", e.testProtectedArgs)
 	t.Run("NodePortTenantAnswers", e.testNodePortTenant)

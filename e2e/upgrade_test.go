@@ -9,13 +9,19 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
+	"github.com/apiaryhq/apiary/e2e/sshhost"
 	images "github.com/apiaryhq/apiary/hack/images"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
@@ -127,24 +133,50 @@ func (e *env) testUpgradeToMissingImages(t *testing.T) {
 	}
 }
 
-// testMinorUpgrade upgrades a tenant from the previous minor to the
-// current one under a poller, sampling every half second that nothing the
-// tenant runs inside (kube-proxy, kubeadm-config) is newer than the oldest
-// serving kube-apiserver, and that status.version moves only once every
-// replica runs the new version.
-func (e *env) testMinorUpgrade(t *testing.T) {
+// testMinorUpgrade upgrades a tenant with two worker Hosts and a workload
+// under a PodDisruptionBudget from the previous minor to the current one
+// under a poller, sampling a few times a second that nothing the tenant
+// runs inside (kube-proxy, kubeadm-config, kubelets) is newer than the
+// oldest serving kube-apiserver, that status.version moves only once every
+// replica runs the new version, and that the Hosts follow one at a time,
+// each drained and back Ready at the new version. The operator's leader is
+// killed while the first Host upgrades.
+func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	const name = "upgrade"
 	from, to := images.PreviousKubeVersion, images.KubeVersion
 	took := e.CreateTenant(t, name, func(tcp *apiary.TenantControlPlane) { tcp.Spec.Version = from })
 	t.Logf("FIGURE tenant %s at %s: create → Ready in %s", name, from, took.Round(100*time.Millisecond))
 	defer e.deleteTenant(t, name)
+	kc := e.ExportKubeconfig(t, name)
+	installCNI(t, kc)
+	hostNames := []string{"up-1", "up-2"}
+	for i, hn := range hostNames {
+		m := e.startHost(t, d, image, fmt.Sprintf("e2e-up-%d", i+1))
+		host := e.newHostFor(t, hn, m, name)
+		if err := e.C.Create(e.Ctx, host); err != nil {
+			t.Fatal(err)
+		}
+		defer deleteHostAndWait(t, e, host)
+	}
+	for _, hn := range hostNames {
+		e.waitHostReady(t, hn)
+		if v := e.host(t, hn).Status.Version; v != from {
+			t.Fatalf("Host %s: status.version %q, want %s", hn, v, from)
+		}
+	}
+	tc := e.tenantClient(t, kc)
+	e.webWithPDB(t, tc)
+	// Gone before the Hosts are removed (deferred earlier, so run later):
+	// the budget would hold the last web pod's eviction.
+	defer func() {
+		_ = tc.CoreV1().Namespaces().Delete(context.Background(), upgradeWorkloadNS, metav1.DeleteOptions{})
+	}()
 	framework.Eventually(t, "status.version "+from, time.Minute, func() error {
 		if v := e.TCP(t, name).Status.Version; v != from {
 			return fmt.Errorf("status.version %q", v)
 		}
 		return nil
 	})
-	tc := e.tenantClient(t, e.ExportKubeconfig(t, name))
 	inside := func() (proxy, kubeadm string, err error) {
 		ds, err := tc.AppsV1().DaemonSets("kube-system").Get(e.Ctx, "kube-proxy", metav1.GetOptions{})
 		if err != nil {
@@ -201,10 +233,11 @@ func (e *env) testMinorUpgrade(t *testing.T) {
 		t.Fatalf("spec.version %s: %v", to, err)
 	}
 	start := time.Now()
-	var samples, progress int
+	var samples, progress, maxUpgrading int
 	var violations []string
-	var statusMoved time.Duration
-	framework.Eventually(t, "status.version "+to+", kube-proxy and kubeadm-config at "+to, 5*time.Minute, func() error {
+	var statusMoved, insideMoved time.Duration
+	var killed string
+	framework.Eventually(t, "status.version "+to+", kube-proxy and kubeadm-config at "+to+", then every Host", 10*time.Minute, func() error {
 		samples++
 		cur := e.TCP(t, name)
 		if c := framework.FindCondition(cur.Status.Conditions, apiary.ConditionVersionRolledOut); c.Reason == controllers.ReasonUpgrading {
@@ -242,13 +275,81 @@ func (e *env) testMinorUpgrade(t *testing.T) {
 				}
 			}
 		}
+		// The Hosts: kubelets never ahead of the API server, upgrades
+		// only once the control plane is done, one at a time.
+		nodes, err := tc.CoreV1().Nodes().List(e.Ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes.Items {
+			if version.MustParseSemantic(n.Status.NodeInfo.KubeletVersion).GreaterThan(oldest) {
+				violations = append(violations, fmt.Sprintf("%s: Node %s kubelet %s while a kube-apiserver at %s serves", at, n.Name, n.Status.NodeInfo.KubeletVersion, oldest))
+			}
+		}
+		upgrading := 0
+		for _, hn := range hostNames {
+			h := e.host(t, hn)
+			if h.Status.UpgradingTo == "" {
+				continue
+			}
+			upgrading++
+			// The tenant read again, after the Host: a Host may start
+			// between an earlier read of the tenant and this one.
+			if v := e.TCP(t, name).Status.Version; v != to {
+				violations = append(violations, fmt.Sprintf("%s: Host %s upgrading while the control plane runs %s", at, hn, v))
+			}
+			// Kill the leader once, while the first Host's node software
+			// is being replaced.
+			if killed == "" {
+				for _, st := range h.Status.Journal {
+					if (st.Name == controllers.StepUpgradeInstall || st.Name == controllers.StepUpgradeNode) && st.Result == controllers.StepRunning {
+						killed = fmt.Sprintf("%s during Host %s's %s, at %s", e.killLeader(t), hn, st.Name, at)
+					}
+				}
+			}
+		}
+		maxUpgrading = max(maxUpgrading, upgrading)
+		if proxy == to && kubeadm == to && insideMoved == 0 {
+			insideMoved = time.Since(start)
+		}
 		if cur.Status.Version != to || proxy != to || kubeadm != to {
 			return fmt.Errorf("status.version %s, kube-proxy %s, kubeadm-config %s; serving %v", cur.Status.Version, proxy, kubeadm, serving)
 		}
-		return nil
+		return upgradingDone(e, t, hostNames, to)
 	})
 	t.Logf("FIGURE upgrade %s → %s, 2 replicas: status.version moved after %s, kube-proxy and kubeadm-config followed by %s (%d samples, %d saying Upgrading)",
-		from, to, statusMoved.Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond), samples, progress)
+		from, to, statusMoved.Round(100*time.Millisecond), insideMoved.Round(100*time.Millisecond), samples, progress)
+	t.Logf("FIGURE upgrade %s → %s with 2 worker Hosts: all Hosts at %s after %s; operator leader killed %s", from, to, to, time.Since(start).Round(100*time.Millisecond), killed)
+	if killed == "" {
+		t.Error("the operator leader was never killed during a Host upgrade: the sampler missed the install and node steps")
+	}
+	if maxUpgrading != 1 {
+		t.Errorf("at most %d Hosts upgrading at once, want 1 (spec.hostUpgrades.maxParallel defaults to 1)", maxUpgrading)
+	}
+	for _, hn := range hostNames {
+		h := e.host(t, hn)
+		var split []string
+		for _, st := range h.Status.Journal {
+			if strings.HasPrefix(st.Name, "upgrade-") && st.Finished != nil {
+				split = append(split, fmt.Sprintf("%s %s (%d attempt(s))", st.Name, st.Finished.Sub(st.Started.Time).Round(100*time.Millisecond), st.Attempts))
+			}
+		}
+		t.Logf("FIGURE Host %s upgraded: %s", hn, strings.Join(split, ", "))
+	}
+	framework.Eventually(t, "HostsUpToDate True", time.Minute, func() error {
+		return framework.ConditionIs(e.TCP(t, name).Status.Conditions, apiary.ConditionHostsUpToDate, metav1.ConditionTrue, controllers.ReasonAtVersion)
+	})
+	// The workload is back on both Nodes.
+	framework.Eventually(t, "two web pods ready on two nodes after the upgrade", 3*time.Minute, func() error {
+		pods, err := readyPods(e.Ctx, tc, upgradeWorkloadNS, "app=web")
+		if err != nil {
+			return err
+		}
+		if len(pods) != 2 || pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+			return fmt.Errorf("%d ready web pods", len(pods))
+		}
+		return nil
+	})
 	for _, v := range violations {
 		t.Error("skew: " + v)
 	}
@@ -270,6 +371,120 @@ func (e *env) testMinorUpgrade(t *testing.T) {
 	if p.ok.Load() < 50 {
 		t.Errorf("only %d successful requests: the poll did not run", p.ok.Load())
 	}
+}
+
+// upgradingDone says whether every Host runs version, uncordoned, with its
+// Node Ready at it.
+func upgradingDone(e *env, t *testing.T, names []string, version string) error {
+	for _, hn := range names {
+		h := e.host(t, hn)
+		if h.Status.Version != version || h.Status.UpgradingTo != "" {
+			return fmt.Errorf("Host %s at %q, upgrading to %q, phase %s", hn, h.Status.Version, h.Status.UpgradingTo, h.Status.Phase)
+		}
+		if err := framework.ConditionIs(h.Status.Conditions, apiary.HostConditionUpToDate, metav1.ConditionTrue, controllers.ReasonAtVersion); err != nil {
+			return fmt.Errorf("Host %s: %w", hn, err)
+		}
+	}
+	return nil
+}
+
+func (e *env) host(t *testing.T, name string) *apiary.Host {
+	t.Helper()
+	var h apiary.Host
+	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: name}, &h); err != nil {
+		t.Fatal(err)
+	}
+	return &h
+}
+
+const upgradeWorkloadNS = "upgrade-e2e"
+
+// webWithPDB runs two web pods, one per Node, under a PodDisruptionBudget
+// that lets one be evicted at a time: a drain must wait for the evicted
+// one to be back before it may take the other.
+func (e *env) webWithPDB(t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	if _, err := cs.CoreV1().Namespaces().Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: upgradeWorkloadNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "web"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: upgradeWorkloadNS, Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+						RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+							LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+							TopologyKey:   corev1.LabelHostname,
+						}},
+					}},
+					// httpd as PID 1 ignores SIGTERM: without this each
+					// eviction takes the default 30 s grace period.
+					TerminationGracePeriodSeconds: ptr.To[int64](2),
+					Containers:                    []corev1.Container{webContainer()},
+				},
+			},
+		},
+	}
+	if _, err := cs.AppsV1().Deployments(upgradeWorkloadNS).Create(e.Ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: upgradeWorkloadNS, Name: "web"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector:     &metav1.LabelSelector{MatchLabels: labels},
+		},
+	}
+	if _, err := cs.PolicyV1().PodDisruptionBudgets(upgradeWorkloadNS).Create(e.Ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, "two web pods ready on two nodes", 3*time.Minute, func() error {
+		pods, err := readyPods(e.Ctx, cs, upgradeWorkloadNS, "app=web")
+		if err != nil {
+			return err
+		}
+		if len(pods) != 2 || pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+			return fmt.Errorf("%d ready web pods; %s", len(pods), describePods(e.Ctx, cs, upgradeWorkloadNS))
+		}
+		return nil
+	})
+}
+
+// describePods says where each pod of a namespace is and what it waits
+// for, for a failure's message.
+func describePods(ctx context.Context, cs kubernetes.Interface, ns string) string {
+	list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, p := range list.Items {
+		d := fmt.Sprintf("%s on %q %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		for _, c := range p.Status.Conditions {
+			if c.Status != corev1.ConditionTrue {
+				d += fmt.Sprintf(" %s=%s(%s)", c.Type, c.Reason, c.Message)
+			}
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.State.Waiting != nil {
+				d += fmt.Sprintf(" waiting %s: %s", c.State.Waiting.Reason, c.State.Waiting.Message)
+			}
+		}
+		out = append(out, d)
+	}
+	if evs, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, ev := range evs.Items {
+			if ev.Type == corev1.EventTypeWarning {
+				out = append(out, fmt.Sprintf("event %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message))
+			}
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func podIsReady(pod *corev1.Pod) bool {
