@@ -87,25 +87,7 @@ func (e *env) testPodNetwork(t *testing.T, d *sshhost.Docker, image, first strin
 		_ = cs.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 	})
 	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "web"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](2),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-						RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
-							LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
-							TopologyKey:   corev1.LabelHostname,
-						}},
-					}},
-					Containers: []corev1.Container{webContainer()},
-				},
-			},
-		},
-	}
+	dep := spreadWeb(ns.Name, labels)
 	deployed := time.Now()
 	if _, err := cs.AppsV1().Deployments(ns.Name).Create(e.Ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -229,6 +211,29 @@ func (e *env) testPodNetwork(t *testing.T, d *sshhost.Docker, image, first strin
 
 // webContainer serves its pod's name over HTTP on 8080 and logs
 // "serving NAME".
+// spreadWeb is two web pods in ns, never two on one Node.
+func spreadWeb(ns string, labels map[string]string) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+						RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+							LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+							TopologyKey:   corev1.LabelHostname,
+						}},
+					}},
+					Containers: []corev1.Container{webContainer()},
+				},
+			},
+		},
+	}
+}
+
 func webContainer() corev1.Container {
 	return corev1.Container{
 		Name:  "web",

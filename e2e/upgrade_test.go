@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -408,28 +407,10 @@ func (e *env) webWithPDB(t *testing.T, cs kubernetes.Interface) {
 		t.Fatal(err)
 	}
 	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: upgradeWorkloadNS, Name: "web"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](2),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-						RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
-							LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
-							TopologyKey:   corev1.LabelHostname,
-						}},
-					}},
-					// httpd as PID 1 ignores SIGTERM: without this each
-					// eviction takes the default 30 s grace period.
-					TerminationGracePeriodSeconds: ptr.To[int64](2),
-					Containers:                    []corev1.Container{webContainer()},
-				},
-			},
-		},
-	}
+	dep := spreadWeb(upgradeWorkloadNS, labels)
+	// httpd as PID 1 ignores SIGTERM: without this each eviction takes
+	// the default 30 s grace period.
+	dep.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
 	if _, err := cs.AppsV1().Deployments(upgradeWorkloadNS).Create(e.Ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

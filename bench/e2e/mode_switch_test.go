@@ -14,8 +14,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
@@ -94,15 +92,7 @@ func BenchmarkModeSwitch(b *testing.B) {
 	waitHosts()
 	b.Logf("per host install (node bundle copied and installed, once per Host): %s", list(journalSteps(b, e, names, "install", time.Time{})))
 
-	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tlsCfg, err := rest.TLSConfigFor(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
+	url, hc := versionClient(b, kc)
 
 	type result struct {
 		took, gap time.Duration
@@ -120,7 +110,7 @@ func BenchmarkModeSwitch(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				resp, err := hc.Get(cfg.Host + "/version")
+				resp, err := hc.Get(url)
 				now := time.Now()
 				mu.Lock()
 				if err == nil && resp.StatusCode == http.StatusOK {
