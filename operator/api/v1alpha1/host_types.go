@@ -28,7 +28,7 @@ const (
 	// Nodes). It joins when its tenant switches to registered, and leaves
 	// again (Node deleted, kubeadm reset, software kept) once the switch
 	// back has taken the control plane off it.
-	HostPhaseStandby   HostPhase = "Standby"
+	HostPhaseStandby HostPhase = "Standby"
 	// HostPhaseUpgrading: a joined worker moves to the version its
 	// tenant's control plane runs (journal steps upgrade-*).
 	HostPhaseUpgrading HostPhase = "Upgrading"
