@@ -3,7 +3,9 @@ package hosts
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
+	"unicode"
 )
 
 const (
@@ -92,13 +94,34 @@ true
 `, CRISocket, patchesDir)
 }
 
+// maxTail bounds what tail keeps, in bytes: its result goes into a Host's
+// conditions and journal, and the host's owner controls the output (a
+// condition message over 32 KiB would make every status write fail).
+const maxTail = 4 << 10
+
+// tail is the last n lines of a command's output for a message: at most
+// maxTail bytes, with terminal control sequences and other control
+// characters (kubeadm colours its preflight output) left out.
 func tail(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || !unicode.IsControl(r) {
+			return r
+		}
+		return -1
+	}, ansiEscape.ReplaceAllString(s, ""))
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return strings.Join(lines, "\n")
+	out := strings.Join(lines, "\n")
+	if len(out) > maxTail {
+		out = "…" + strings.ToValidUTF8(out[len(out)-maxTail:], "")
+	}
+	return out
 }
+
+// ansiEscape matches the colour and cursor sequences of a terminal.
+var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
 
 // UpgradeNode runs `kubeadm upgrade node` on a joined worker whose new
 // node software Install has put in place, then restarts the kubelet on it.
