@@ -213,23 +213,14 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		if step != nil && step.Result == StepSucceeded {
 			continue
 		}
-		if step != nil && step.Result == StepFailed && step.Finished != nil {
-			if wait := r.retryAfter(step); wait > 0 {
-				return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
-			}
-		}
-		if step != nil && step.Result == StepRunning && !r.startedHere(h.UID, step) {
-			// Left Running by an earlier operator (or leader), which may
-			// have died of it: resuming is another attempt, with the
-			// backoff of one, so that a step that kills the operator
-			// does not run in a loop.
-			if wait := r.resumeAfter(step); wait > 0 {
+		wait, start := r.stepDue(h.UID, step)
+		if wait > 0 {
+			if step.Result == StepRunning {
 				st.Phase = s.phase
-				return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
 			}
-			step = nil
+			return ctrl.Result{RequeueAfter: wait}, r.writeStatus(ctx, &orig, h)
 		}
-		if step == nil || step.Result != StepRunning {
+		if start {
 			// Journal the start before touching the host: a step found
 			// Running after a restart is resumed (every step is
 			// idempotent). A join starts afresh: the last leave is done.
@@ -329,6 +320,25 @@ func (r *HostReconciler) failStep(ctx context.Context, h *apiary.Host, step *api
 func (r *HostReconciler) succeedStep(step *apiary.HostStep, msg string) {
 	finished := metav1.NewTime(r.Now())
 	step.Finished, step.Result, step.Message = &finished, StepSucceeded, msg
+}
+
+// stepDue says what a journal step that has not succeeded needs now: a
+// wait (the backoff after a failure; or, for a step left Running by an
+// earlier operator or leader, which may have died of it, the backoff of
+// one more attempt, so that a step that kills the operator does not run
+// in a loop), a start (journal a new attempt), or neither: it runs.
+func (r *HostReconciler) stepDue(uid types.UID, step *apiary.HostStep) (wait time.Duration, start bool) {
+	switch {
+	case step == nil:
+		return 0, true
+	case step.Result == StepFailed && step.Finished != nil:
+		wait = r.retryAfter(step)
+	case step.Result == StepRunning && !r.startedHere(uid, step):
+		wait = r.resumeAfter(step)
+	case step.Result == StepRunning:
+		return 0, false
+	}
+	return wait, wait == 0
 }
 
 // startStep records that a step begins (again), and that this process

@@ -95,27 +95,20 @@ func (r *HostReconciler) standBy(ctx context.Context, h *apiary.Host, why string
 		meta.RemoveStatusCondition(&st.Conditions, apiary.HostConditionNodeReady)
 		return ctrl.Result{}
 	}
-	switch {
-	case !leaving:
+	if !leaving {
 		// The join is undone from here on: a join wanted again waits
 		// for the leave to finish.
 		st.Journal = slices.DeleteFunc(st.Journal, func(s apiary.HostStep) bool { return s.Name == StepJoin || s.Name == StepDrain })
 		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonLeaving, "leaving: "+why)
 		return r.startLeave(h)
-	case step.Result == StepPending:
-		// A spec change sent a failed leave back without its backoff.
-		return r.startLeave(h)
-	case step.Result == StepFailed:
-		if wait := r.retryAfter(step); wait > 0 {
-			return ctrl.Result{RequeueAfter: wait}
-		}
-		return r.startLeave(h)
-	case !r.startedHere(h.UID, step):
-		// Left Running by an earlier operator: resumed as another
-		// attempt (every part of a leave is idempotent).
-		if wait := r.resumeAfter(step); wait > 0 {
-			return ctrl.Result{RequeueAfter: wait}
-		}
+	}
+	// A failed leave waits for its backoff (a spec change sends it back
+	// Pending, without one); one left Running by an earlier operator is
+	// resumed as another attempt (every part of a leave is idempotent).
+	switch wait, start := r.stepDue(h.UID, step); {
+	case wait > 0:
+		return ctrl.Result{RequeueAfter: wait}
+	case start:
 		return r.startLeave(h)
 	}
 	return r.leave(ctx, h, step, why)
@@ -184,29 +177,24 @@ func (r *HostReconciler) leave(ctx context.Context, h *apiary.Host, step *apiary
 // controlPlaneHostsOf maps a tenant to its control-plane Hosts, which join
 // or leave with its mode.
 func (r *HostReconciler) controlPlaneHostsOf(ctx context.Context, o client.Object) []reconcile.Request {
-	var list apiary.HostList
-	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
-		return nil
-	}
-	var out []reconcile.Request
-	for _, h := range list.Items {
-		if h.Spec.TenantControlPlane == o.GetName() && h.Spec.Role == apiary.HostRoleControlPlane {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
-		}
-	}
-	return out
+	return r.hostsOf(ctx, o, func(role apiary.HostRole) bool { return role == apiary.HostRoleControlPlane })
 }
 
 // workerHostsOf maps a tenant to its worker Hosts, which follow its
 // version.
 func (r *HostReconciler) workerHostsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.hostsOf(ctx, o, func(role apiary.HostRole) bool { return role != apiary.HostRoleControlPlane })
+}
+
+// hostsOf maps a tenant to its Hosts of the roles wanted.
+func (r *HostReconciler) hostsOf(ctx context.Context, o client.Object, wanted func(apiary.HostRole) bool) []reconcile.Request {
 	var list apiary.HostList
 	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
 	for _, h := range list.Items {
-		if h.Spec.TenantControlPlane == o.GetName() && h.Spec.Role != apiary.HostRoleControlPlane {
+		if h.Spec.TenantControlPlane == o.GetName() && wanted(h.Spec.Role) {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
 		}
 	}

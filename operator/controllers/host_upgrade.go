@@ -116,20 +116,11 @@ func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host
 		if step != nil && step.Result == StepSucceeded {
 			continue
 		}
-		if step != nil && step.Result == StepFailed && step.Finished != nil {
-			if wait := r.retryAfter(step); wait > 0 {
-				return ctrl.Result{RequeueAfter: wait}, true, nil
-			}
+		wait, start := r.stepDue(h.UID, step)
+		if wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, true, nil
 		}
-		if step != nil && step.Result == StepRunning && !r.startedHere(h.UID, step) {
-			// Left Running by an earlier operator: resumed as another
-			// attempt, after the backoff of one.
-			if wait := r.resumeAfter(step); wait > 0 {
-				return ctrl.Result{RequeueAfter: wait}, true, nil
-			}
-			step = nil
-		}
-		if step == nil || step.Result != StepRunning {
+		if start {
 			r.startStep(h, name)
 			st.Phase = apiary.HostPhaseUpgrading
 			return ctrl.Result{Requeue: true}, true, nil

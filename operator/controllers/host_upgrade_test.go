@@ -93,3 +93,31 @@ func TestHostVersions(t *testing.T) {
 		}
 	}
 }
+
+func TestStepDue(t *testing.T) {
+	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	r := &HostReconciler{Now: func() time.Time { return now }}
+	at := func(ago time.Duration) *metav1.Time { m := metav1.NewTime(now.Add(-ago)); return &m }
+	h := &apiary.Host{}
+	h.UID = "u1"
+	mine := r.startStep(h, "mine") // started by this process, just now
+	for _, c := range []struct {
+		name  string
+		step  *apiary.HostStep
+		wait  time.Duration
+		start bool
+	}{
+		{"never started", nil, 0, true},
+		{"pending after a spec change", &apiary.HostStep{Name: "x", Result: StepPending, Attempts: 3}, 0, true},
+		{"failed, backoff running", &apiary.HostStep{Name: "x", Result: StepFailed, Attempts: 2, Finished: at(5 * time.Second)}, 15 * time.Second, false},
+		{"failed, backoff over", &apiary.HostStep{Name: "x", Result: StepFailed, Attempts: 1, Finished: at(time.Minute)}, 0, true},
+		{"running, started here", mine, 0, false},
+		{"running, left by another operator, recent", &apiary.HostStep{Name: "x", Result: StepRunning, Attempts: 1, Started: *at(4 * time.Second)}, 6 * time.Second, false},
+		{"running, left by another operator, long ago", &apiary.HostStep{Name: "x", Result: StepRunning, Attempts: 1, Started: *at(time.Minute)}, 0, true},
+	} {
+		wait, start := r.stepDue(h.UID, c.step)
+		if wait != c.wait || start != c.start {
+			t.Errorf("%s: wait %s, start %v; want %s, %v", c.name, wait, start, c.wait, c.start)
+		}
+	}
+}

@@ -440,7 +440,7 @@ func (r *TenantControlPlaneReconciler) podsInService(ctx context.Context, tcp *a
 	return n, nil
 }
 
-// tenantOfHost maps a Host to its tenant.
+// conditionReason is a condition's status and reason, or "" without it.
 func conditionReason(conds []metav1.Condition, typ string) string {
 	if c := meta.FindStatusCondition(conds, typ); c != nil {
 		return string(c.Status) + "/" + c.Reason
@@ -448,6 +448,7 @@ func conditionReason(conds []metav1.Condition, typ string) string {
 	return ""
 }
 
+// tenantOfHost maps a Host to its tenant.
 func tenantOfHost(_ context.Context, o client.Object) []reconcile.Request {
 	h, ok := o.(*apiary.Host)
 	if !ok || h.Spec.TenantControlPlane == "" {
@@ -456,9 +457,10 @@ func tenantOfHost(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}}}
 }
 
-// hostChangesControlPlane passes what changes the wanted control-plane
-// hosts: a Host created or deleted, its role, address or phase.
-func hostChangesControlPlane() predicate.Predicate {
+// hostChangesTenant passes the Host changes its tenant's status follows:
+// a Host created or deleted, its role, address or phase (the wanted
+// control-plane hosts), and a worker's version and upgrade (HostsUpToDate).
+func hostChangesTenant() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, ok1 := e.ObjectOld.(*apiary.Host)
@@ -468,7 +470,6 @@ func hostChangesControlPlane() predicate.Predicate {
 			}
 			return o.Spec.Role != n.Spec.Role || o.Spec.Address != n.Spec.Address || o.Status.Phase != n.Status.Phase ||
 				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
-				// The tenant's HostsUpToDate follows its workers.
 				o.Status.Version != n.Status.Version || o.Status.UpgradingTo != n.Status.UpgradingTo ||
 				conditionReason(o.Status.Conditions, apiary.HostConditionUpToDate) != conditionReason(n.Status.Conditions, apiary.HostConditionUpToDate)
 		},

@@ -177,7 +177,7 @@ func (r *TenantControlPlaneReconciler) SetupWithManager(mgr ctrl.Manager) error 
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allTenants), builder.WithPredicates(nodeRangesChanged())).
 		Watches(&networkingv1.ServiceCIDR{}, handler.EnqueueRequestsFromMapFunc(r.allTenants), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// A control-plane Host joining or leaving moves a registered tenant.
-		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(tenantOfHost), builder.WithPredicates(hostChangesControlPlane())).
+		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(tenantOfHost), builder.WithPredicates(hostChangesTenant())).
 		// A DataStore turning Ready (or not) changes its tenants' conditions.
 		Watches(&apiary.DataStore{}, handler.EnqueueRequestsFromMapFunc(r.tenantsOfDataStore), builder.WithPredicates(dataStoreChangesTenants())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
