@@ -194,10 +194,11 @@ func (e *env) newPoller(t *testing.T, name string) *poller {
 	}
 	// A new connection for every request: a kept-alive connection to one
 	// pod would hide what the LoadBalancer does. A request fails when it
-	// errors, is not 200, or takes more than 5 s (the writer's limit); a
-	// slower answer shows as slowest (on this 2-core machine one request
-	// during a switch's ScalingUp was seen to take over 2 s).
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
+	// errors, is not 200, or takes more than framework.RequestTimeout (5 s,
+	// as each request of the writer); a slower answer shows as slowest (on
+	// this 2-core machine requests during a switch's ScalingUp were seen to
+	// take over 4 s).
+	hc := &http.Client{Timeout: framework.RequestTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
 	return &poller{url: cfg.Host + "/version", hc: hc}
 }
 

@@ -65,16 +65,28 @@ func (w *Writer) Run(ctx context.Context) {
 	}
 }
 
+// RequestTimeout is how long one request of a write may take before it
+// counts as failed: the same limit as the e2e /version poller's, per
+// request. (The create and the read used to share it: on this 2-core
+// machine a create that waited 3 s for CPU during a mode switch left the
+// read too little, and a write that was served counted as failed.)
+const RequestTimeout = 5 * time.Second
+
 // write creates ConfigMap name and reads it back; with Retry, one created
 // by an earlier try whose answer was lost counts.
 func (w *Writer) write(ctx context.Context, name string) error {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, RequestTimeout)
 	defer cancel()
-	_, err := w.CS.CoreV1().ConfigMaps(w.NS).Create(rctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
-	if err == nil || w.Retry > 0 && apierrors.IsAlreadyExists(err) {
-		_, err = w.CS.CoreV1().ConfigMaps(w.NS).Get(rctx, name, metav1.GetOptions{})
+	_, err := w.CS.CoreV1().ConfigMaps(w.NS).Create(cctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"i": name}}, metav1.CreateOptions{})
+	if err != nil && (w.Retry == 0 || !apierrors.IsAlreadyExists(err)) {
+		return fmt.Errorf("create: %w", err)
 	}
-	return err
+	rctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
+	if _, err := w.CS.CoreV1().ConfigMaps(w.NS).Get(rctx, name, metav1.GetOptions{}); err != nil {
+		return fmt.Errorf("read back: %w", err)
+	}
+	return nil
 }
 
 // Longest is the longest time between two successful writes (the first
