@@ -474,7 +474,7 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 		}
 		if step.Result == StepRunning {
 			st.Phase = apiary.HostPhaseDraining
-			remaining, err := r.drainOnce(ctx, ta, st.NodeName)
+			remaining, err := r.drainOnce(ctx, ta, st.NodeName, nil)
 			switch {
 			case err == nil && remaining == 0:
 				r.succeedStep(step, "every pod evicted from Node "+st.NodeName)
@@ -575,8 +575,10 @@ func namespaceGoing(ctx context.Context, r client.Reader, name string) bool {
 
 // drainOnce cordons the Node and asks once to evict each of its pods (not
 // DaemonSet or mirror pods, which the Node's deletion takes), respecting
-// PodDisruptionBudgets. It returns how many remain.
-func (r *HostReconciler) drainOnce(ctx context.Context, ta *tenantAccess, name string) (int, error) {
+// PodDisruptionBudgets. It returns how many remain. marks, when the Node
+// is cordoned here, are added to its annotations in the same update (so
+// that who cordoned it is never lost between two writes).
+func (r *HostReconciler) drainOnce(ctx context.Context, ta *tenantAccess, name string, marks map[string]string) (int, error) {
 	node, err := ta.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return 0, nil
@@ -586,6 +588,9 @@ func (r *HostReconciler) drainOnce(ctx context.Context, ta *tenantAccess, name s
 	}
 	if !node.Spec.Unschedulable {
 		node.Spec.Unschedulable = true
+		for k, v := range marks {
+			metav1.SetMetaDataAnnotation(&node.ObjectMeta, k, v)
+		}
 		if _, err := ta.cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner}); err != nil {
 			return 0, fmt.Errorf("cordoning %s: %w", name, err)
 		}

@@ -135,7 +135,7 @@ func (r *HostReconciler) leave(ctx context.Context, h *apiary.Host, step *apiary
 		return r.failStep(ctx, h, step, apiary.HostConditionJoined, reason, "leaving: "+err.Error())
 	}
 	if st.NodeName != "" && st.Phase != apiary.HostPhaseResetting {
-		remaining, err := r.drainOnce(ctx, ta, st.NodeName)
+		remaining, err := r.drainOnce(ctx, ta, st.NodeName, nil)
 		switch {
 		case err == nil && remaining == 0:
 		case r.Now().Sub(step.Started.Time) >= drainTimeout:

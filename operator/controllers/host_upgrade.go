@@ -211,13 +211,14 @@ func (r *HostReconciler) failUpgrade(ctx context.Context, h *apiary.Host, step *
 }
 
 // upgradeDrain cordons the Node and evicts its pods, a pass per reconcile
-// (PodDisruptionBudgets are respected, no worker is held waiting).
+// (PodDisruptionBudgets are respected, no worker is held waiting). A cordon
+// made here is marked on the Node, so that upgradeReady lifts only that.
 func (r *HostReconciler) upgradeDrain(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
 	ta, _, err := r.tenant(ctx, h)
 	if err != nil {
 		return r.failUpgrade(ctx, h, step, err.Error())
 	}
-	remaining, err := r.drainOnce(ctx, ta, h.Status.NodeName)
+	remaining, err := r.drainOnce(ctx, ta, h.Status.NodeName, map[string]string{apiary.AnnotationCordonedForUpgrade: h.Status.UpgradingTo})
 	if err == nil && remaining == 0 {
 		r.succeedStep(step, fmt.Sprintf("Node %s cordoned and drained", h.Status.NodeName))
 		return ctrl.Result{}
@@ -294,13 +295,15 @@ func (r *HostReconciler) upgradeReady(ctx context.Context, h *apiary.Host, step 
 		step.Message = fmt.Sprintf("waiting for Node %s Ready at %s (kubelet %q, Ready %v)", st.NodeName, st.UpgradingTo, kubelet, ready)
 		return ctrl.Result{RequeueAfter: 2 * time.Second}
 	}
-	if node.Spec.Unschedulable {
-		node.Spec.Unschedulable = false
+	done := fmt.Sprintf("Node %s Ready at %s, uncordoned", st.NodeName, st.UpgradingTo)
+	if liftUpgradeCordon(node) {
 		if _, err := ta.cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner}); err != nil {
 			return r.failUpgrade(ctx, h, step, fmt.Sprintf("uncordoning %s: %v", st.NodeName, err))
 		}
+	} else if node.Spec.Unschedulable {
+		done = fmt.Sprintf("Node %s Ready at %s; left cordoned, as it was before the upgrade", st.NodeName, st.UpgradingTo)
 	}
-	r.succeedStep(step, fmt.Sprintf("Node %s Ready at %s, uncordoned", st.NodeName, st.UpgradingTo))
+	r.succeedStep(step, done)
 	var took []string
 	for _, name := range upgradeSteps {
 		if s := journalStep(st, name); s != nil && s.Finished != nil {
@@ -311,4 +314,17 @@ func (r *HostReconciler) upgradeReady(ctx context.Context, h *apiary.Host, step 
 	st.Version, st.UpgradingTo = st.UpgradingTo, ""
 	r.setCondition(h, apiary.HostConditionUpToDate, metav1.ConditionTrue, ReasonAtVersion, "runs "+st.Version+", as the control plane does")
 	return ctrl.Result{}
+}
+
+// liftUpgradeCordon uncordons a Node that the upgrade cordoned (it carries
+// AnnotationCordonedForUpgrade) and drops the mark; it reports whether the
+// Node changed. A Node cordoned by someone else before the upgrade has no
+// mark and stays cordoned.
+func liftUpgradeCordon(node *corev1.Node) bool {
+	if _, ok := node.Annotations[apiary.AnnotationCordonedForUpgrade]; !ok {
+		return false
+	}
+	delete(node.Annotations, apiary.AnnotationCordonedForUpgrade)
+	node.Spec.Unschedulable = false
+	return true
 }

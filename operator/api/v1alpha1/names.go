@@ -17,6 +17,11 @@ const (
 	// one handled). "apiary certs rotate" sets it to the time of the
 	// request.
 	AnnotationRotateCertificates = "apiary.dev/rotate-certificates"
+	// AnnotationCordonedForUpgrade on a tenant's Node marks a cordon the
+	// operator made for a Host upgrade (its value: the version upgraded
+	// to). Only such a cordon is lifted when the upgrade ends: a Node its
+	// admin cordoned stays cordoned.
+	AnnotationCordonedForUpgrade = "apiary.dev/cordoned-for-upgrade"
 )
 
 // AdminKubeconfigSecretName is the Secret holding the tenant's admin
