@@ -123,6 +123,7 @@ func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.controlPlaneHostsOf), builder.WithPredicates(tenantChangesJoins())).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.workerHostsOf), builder.WithPredicates(tenantChangesWorkerVersion())).
+		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.siblingsOf), builder.WithPredicates(upgradeSlotFreed())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: n}).
 		Complete(r)
 }

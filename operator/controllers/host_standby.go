@@ -97,8 +97,18 @@ func (r *HostReconciler) standBy(ctx context.Context, h *apiary.Host, why string
 	}
 	if !leaving {
 		// The join is undone from here on: a join wanted again waits
-		// for the leave to finish.
-		st.Journal = slices.DeleteFunc(st.Journal, func(s apiary.HostStep) bool { return s.Name == StepJoin || s.Name == StepDrain })
+		// for the leave to finish. An upgrade under way (a worker made
+		// control-plane in a standalone tenant) ends here too, giving
+		// up its turn: the leave resets the kubelet, and a later join
+		// installs the version that runs then.
+		if st.UpgradingTo != "" {
+			r.Recorder.Eventf(h, nil, corev1.EventTypeNormal, "UpgradeAbandoned", "Leave", "Node %s leaves the tenant: its upgrade to %s ends unfinished", st.NodeName, st.UpgradingTo)
+			st.UpgradingTo = ""
+		}
+		meta.RemoveStatusCondition(&st.Conditions, apiary.HostConditionUpToDate)
+		st.Journal = slices.DeleteFunc(st.Journal, func(s apiary.HostStep) bool {
+			return s.Name == StepJoin || s.Name == StepDrain || slices.Contains(upgradeSteps, s.Name)
+		})
 		r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionFalse, ReasonLeaving, "leaving: "+why)
 		return r.startLeave(h)
 	}

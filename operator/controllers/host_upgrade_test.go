@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
@@ -119,5 +120,31 @@ func TestStepDue(t *testing.T) {
 		if wait != c.wait || start != c.start {
 			t.Errorf("%s: wait %s, start %v; want %s, %v", c.name, wait, start, c.wait, c.start)
 		}
+	}
+}
+
+func TestUpgradeSlotFreed(t *testing.T) {
+	host := func(to string) *apiary.Host {
+		h := &apiary.Host{}
+		h.Status.UpgradingTo = to
+		return h
+	}
+	p := upgradeSlotFreed()
+	for _, c := range []struct {
+		name     string
+		old, new string
+		want     bool
+	}{
+		{"upgrade ended", "v1.37.2", "", true},
+		{"upgrade started", "", "v1.37.2", false},
+		{"still upgrading", "v1.37.2", "v1.37.2", false},
+		{"no upgrade", "", "", false},
+	} {
+		if got := p.Update(event.UpdateEvent{ObjectOld: host(c.old), ObjectNew: host(c.new)}); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	if !p.Delete(event.DeleteEvent{Object: host("v1.37.2")}) || p.Delete(event.DeleteEvent{Object: host("")}) {
+		t.Error("a deleted Host frees a slot only when it held one")
 	}
 }
