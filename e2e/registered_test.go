@@ -31,6 +31,7 @@ import (
 	"github.com/apiaryhq/apiary/cli"
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
+	images "github.com/apiaryhq/apiary/hack/images"
 	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
@@ -56,7 +57,11 @@ func (e *env) testRegisteredTenant(t *testing.T, d *sshhost.Docker, image string
 		"reg-worker": e.startHost(t, d, image, "e2e-reg-worker"),
 	}
 	created := time.Now()
-	took := e.CreateTenant(t, name, func(p *apiary.TenantControlPlane) { p.Spec.Mode = apiary.ModeRegistered })
+	// At the previous minor: the first subtest upgrades it host by host.
+	took := e.CreateTenant(t, name, func(p *apiary.TenantControlPlane) {
+		p.Spec.Mode = apiary.ModeRegistered
+		p.Spec.Version = images.PreviousKubeVersion
+	})
 	t.Logf("FIGURE tenant %s (spec.mode registered): create → Ready (hosted) in %s", name, took.Round(time.Millisecond))
 	// Until a control-plane Host has joined, the switch waits and says so.
 	framework.Eventually(t, name+" waits for control-plane Hosts", time.Minute, func() error {
@@ -154,6 +159,7 @@ func (e *env) testRegisteredTenant(t *testing.T, d *sshhost.Docker, image string
 		}
 	}
 
+	t.Run("UpgradesAMinorHostByHost", func(t *testing.T) { pods = e.testRegisteredUpgrade(t, machines, pods) })
 	t.Run("ControlPlaneHostLeavesAndReturns", func(t *testing.T) { e.testHostLeavesAndReturns(t, d, machines) })
 	t.Run("CertificatesRotatedHostByHost", func(t *testing.T) { e.testRegisteredRotation(t, machines) })
 	t.Run("SwitchThroughKillsAndATakenPort", func(t *testing.T) { e.testSwitchThroughFailures(t, d, machines, pods) })
@@ -280,7 +286,12 @@ func (e *env) deployOnWorkers(t *testing.T, cs kubernetes.Interface, ns string, 
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{webContainer()}},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{webContainer()},
+					// httpd as PID 1 ignores SIGTERM: without this a drain
+					// of the worker (a kubelet upgrade) waits 30 s per pod.
+					TerminationGracePeriodSeconds: ptr.To[int64](2),
+				},
 			},
 		},
 	}

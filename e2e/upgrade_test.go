@@ -138,8 +138,10 @@ func (e *env) testUpgradeToMissingImages(t *testing.T) {
 // runs inside (kube-proxy, kubeadm-config, kubelets) is newer than the
 // oldest serving kube-apiserver, that status.version moves only once every
 // replica runs the new version, and that the Hosts follow one at a time,
-// each drained and back Ready at the new version. The operator's leader is
-// killed while the first Host upgrades.
+// each drained and back Ready at the new version. The second Host is added
+// when the upgrade starts: it joins during the control plane's roll with
+// the old version's bundle, then follows. The operator's leader is killed
+// while the first Host upgrades.
 func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	const name = "upgrade"
 	from, to := images.PreviousKubeVersion, images.KubeVersion
@@ -149,27 +151,29 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	kc := e.ExportKubeconfig(t, name)
 	installCNI(t, kc)
 	hostNames := []string{"up-1", "up-2"}
+	var hosts []*apiary.Host
 	for i, hn := range hostNames {
 		m := e.startHost(t, d, image, fmt.Sprintf("e2e-up-%d", i+1))
-		host := e.newHostFor(t, hn, m, name)
-		if err := e.C.Create(e.Ctx, host); err != nil {
-			t.Fatal(err)
-		}
-		defer deleteHostAndWait(t, e, host)
+		hosts = append(hosts, e.newHostFor(t, hn, m, name))
 	}
-	for _, hn := range hostNames {
-		e.waitHostReady(t, hn)
-		if v := e.host(t, hn).Status.Version; v != from {
-			t.Fatalf("Host %s: status.version %q, want %s", hn, v, from)
-		}
+	// up-1 now, up-2 once the upgrade has started.
+	if err := e.C.Create(e.Ctx, hosts[0]); err != nil {
+		t.Fatal(err)
+	}
+	defer deleteHostAndWait(t, e, hosts[0])
+	e.waitHostReady(t, hostNames[0])
+	if v := e.host(t, hostNames[0]).Status.Version; v != from {
+		t.Fatalf("Host %s: status.version %q, want %s", hostNames[0], v, from)
 	}
 	tc := e.tenantClient(t, kc)
-	e.webWithPDB(t, tc)
+	// One web pod runs on up-1; the other waits for a second Node.
+	e.webWithPDB(t, tc, 1)
 	// Gone before the Hosts are removed (deferred earlier, so run later):
 	// the budget would hold the last web pod's eviction.
-	defer func() {
+	dropWorkload := func() {
 		_ = tc.CoreV1().Namespaces().Delete(context.Background(), upgradeWorkloadNS, metav1.DeleteOptions{})
-	}()
+	}
+	defer dropWorkload()
 	framework.Eventually(t, "status.version "+from, time.Minute, func() error {
 		if v := e.TCP(t, name).Status.Version; v != from {
 			return fmt.Errorf("status.version %q", v)
@@ -232,6 +236,13 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 		t.Fatalf("spec.version %s: %v", to, err)
 	}
 	start := time.Now()
+	// A Host added while the control plane rolls: it must join with what
+	// runs (the old version), not with what is wanted.
+	if err := e.C.Create(e.Ctx, hosts[1]); err != nil {
+		t.Fatal(err)
+	}
+	defer deleteHostAndWait(t, e, hosts[1])
+	defer dropWorkload()
 	var samples, progress, maxUpgrading int
 	var violations []string
 	var statusMoved, insideMoved time.Duration
@@ -325,6 +336,31 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	if maxUpgrading != 1 {
 		t.Errorf("at most %d Hosts upgrading at once, want 1 (spec.hostUpgrades.maxParallel defaults to 1)", maxUpgrading)
 	}
+	// up-2 was installed and joined at the old version before the control
+	// plane was done, and upgraded after.
+	var installed, joined *apiary.HostStep
+	late := e.host(t, hostNames[1])
+	for i, st := range late.Status.Journal {
+		switch st.Name {
+		case controllers.StepInstall:
+			installed = &late.Status.Journal[i]
+		case controllers.StepJoin:
+			joined = &late.Status.Journal[i]
+		}
+	}
+	if installed == nil || joined == nil || joined.Finished == nil {
+		t.Errorf("Host %s: no install and join steps in its journal %+v", late.Name, late.Status.Journal)
+	} else {
+		installAt, joinedAt := installed.Started.Sub(start), joined.Finished.Sub(start)
+		t.Logf("FIGURE Host %s added with the upgrade: install began %s and join ended %s after spec.version %s; status.version moved at %s",
+			late.Name, installAt.Round(100*time.Millisecond), joinedAt.Round(100*time.Millisecond), to, statusMoved.Round(100*time.Millisecond))
+		if installAt >= statusMoved {
+			t.Errorf("Host %s's install began %s after the upgrade started, once the control plane ran %s (at %s): it did not test a Host added during the roll", late.Name, installAt, to, statusMoved)
+		}
+		if !strings.Contains(installed.Message, "kubectl "+from+" ") {
+			t.Errorf("Host %s, added while the control plane ran %s: installed %q, want the %s bundle", late.Name, from, installed.Message, from)
+		}
+	}
 	for _, hn := range hostNames {
 		h := e.host(t, hn)
 		var split []string
@@ -400,8 +436,9 @@ const upgradeWorkloadNS = "upgrade-e2e"
 
 // webWithPDB runs two web pods, one per Node, under a PodDisruptionBudget
 // that lets one be evicted at a time: a drain must wait for the evicted
-// one to be back before it may take the other.
-func (e *env) webWithPDB(t *testing.T, cs kubernetes.Interface) {
+// one to be back before it may take the other. It waits for ready pods on
+// as many Nodes (a second pod waits for a second Node).
+func (e *env) webWithPDB(t *testing.T, cs kubernetes.Interface, ready int) {
 	t.Helper()
 	if _, err := cs.CoreV1().Namespaces().Create(e.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: upgradeWorkloadNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -424,12 +461,12 @@ func (e *env) webWithPDB(t *testing.T, cs kubernetes.Interface) {
 	if _, err := cs.PolicyV1().PodDisruptionBudgets(upgradeWorkloadNS).Create(e.Ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	framework.Eventually(t, "two web pods ready on two nodes", 3*time.Minute, func() error {
+	framework.Eventually(t, fmt.Sprintf("%d web pods ready", ready), 3*time.Minute, func() error {
 		pods, err := readyPods(e.Ctx, cs, upgradeWorkloadNS, "app=web")
 		if err != nil {
 			return err
 		}
-		if len(pods) != 2 || pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		if len(pods) != ready {
 			return fmt.Errorf("%d ready web pods; %s", len(pods), describePods(e.Ctx, cs, upgradeWorkloadNS))
 		}
 		return nil
