@@ -76,11 +76,12 @@ const maxKubeletSkew = 3
 // look again (0: no opinion).
 func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host) (ctrl.Result, bool, error) {
 	st := &h.Status
-	// Not a registered tenant's control-plane Host: its kubelet's restart
-	// restarts the static Pods there (seen in e2e going from v1.36 to
-	// v1.37), so the host must first leave the tenant's Service, as for a
-	// static Pod update. That hand-over is not built: such a Host keeps
-	// its kubelet (within the skew policy).
+	// Not a registered tenant's control-plane Host: the static
+	// kube-apiserver there restarted while its kubelet was reconfigured
+	// and restarted at the new version (seen in e2e, v1.36 to v1.37), so
+	// the host must first leave the tenant's Service, as for a static Pod
+	// update. That hand-over is not built: such a Host keeps its kubelet
+	// (within the skew policy).
 	if h.Spec.Role != apiary.HostRoleWorker || st.NodeName == "" {
 		return ctrl.Result{}, false, nil
 	}
