@@ -136,7 +136,9 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 			}
 			split = append(split, fmt.Sprintf("%s %s", strings.TrimPrefix(st.Name, "upgrade-"), st.Finished.Sub(st.Started.Time).Round(100*time.Millisecond)))
 		}
-		t.Logf("FIGURE Host %s (%s) kubelet upgraded: %s", hn, h.Spec.Role, strings.Join(split, ", "))
+		if len(split) > 0 {
+			t.Logf("FIGURE Host %s (%s) kubelet upgraded: %s", hn, h.Spec.Role, strings.Join(split, ", "))
+		}
 		n, err := cs.CoreV1().Nodes().Get(e.Ctx, hn, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
