@@ -76,13 +76,15 @@ const maxKubeletSkew = 3
 // look again (0: no opinion).
 func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host) (ctrl.Result, bool, error) {
 	st := &h.Status
-	// Not a registered tenant's control-plane Host: the static
-	// kube-apiserver there restarted while its kubelet was reconfigured
-	// and restarted at the new version (seen in e2e, v1.36 to v1.37), so
-	// the host must first leave the tenant's Service, as for a static Pod
-	// update. That hand-over is not built: such a Host keeps its kubelet
-	// (within the skew policy).
-	if h.Spec.Role != apiary.HostRoleWorker || st.NodeName == "" {
+	// A registered tenant's control-plane Host does not start one: the
+	// static kube-apiserver there restarted while its kubelet was
+	// reconfigured and restarted at the new version (seen in e2e, v1.36
+	// to v1.37), so the host must first leave the tenant's Service, as
+	// for a static Pod update. That hand-over is not built: such a Host
+	// keeps its kubelet (within the skew policy). One that started as a
+	// worker finishes (its role changed back mid-upgrade): the tenant
+	// starts its control plane only once the Host is Ready again.
+	if st.NodeName == "" || h.Spec.Role != apiary.HostRoleWorker && st.UpgradingTo == "" {
 		return ctrl.Result{}, false, nil
 	}
 	if join := journalStep(st, StepJoin); join == nil || join.Result != StepSucceeded {
@@ -180,6 +182,14 @@ func (r *HostReconciler) upgradeWanted(h *apiary.Host, tcp *apiary.TenantControl
 		r.setCondition(h, apiary.HostConditionUpToDate, metav1.ConditionFalse, ReasonWaitingForControlPlane,
 			fmt.Sprintf("runs %s; follows once the control plane runs %s (it runs %s)", st.Version, tcp.Spec.Version, tcp.Status.Version))
 		return ctrl.Result{}, false
+	}
+	if on := controlPlaneOn(tcp); slices.Contains(on, h.Name) {
+		// A control-plane Host just made a worker: the tenant stops its
+		// static Pods first (kubeadm would take their manifests for its
+		// own control plane).
+		r.setCondition(h, apiary.HostConditionUpToDate, metav1.ConditionFalse, ReasonWaitingForControlPlane,
+			fmt.Sprintf("runs %s; follows to %s once the tenant's control plane has left this host", st.Version, target))
+		return ctrl.Result{RequeueAfter: upgradeTurnPoll}, false
 	}
 	if tcp.Spec.HostUpgrades != nil && tcp.Spec.HostUpgrades.Paused {
 		skew := int(want.Minor()) - int(have.Minor())

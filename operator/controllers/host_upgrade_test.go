@@ -60,6 +60,33 @@ func TestUpgradeWanted(t *testing.T) {
 	}
 }
 
+// A control-plane Host just made a worker waits until the tenant's control
+// plane has left it before kubeadm runs there.
+func TestUpgradeWaitsForTheControlPlaneToLeave(t *testing.T) {
+	r := &HostReconciler{Recorder: events.NewFakeRecorder(10), Now: time.Now}
+	tcp := &apiary.TenantControlPlane{}
+	tcp.Spec.Version, tcp.Status.Version = "v1.37.2", "v1.37.2"
+	h := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Name: "cp-2"}}
+	h.Status.Version = "v1.36.3"
+	for _, c := range []struct {
+		step, result string
+		start        bool
+	}{
+		{apiary.HostStepUpdate, StepSucceeded, false},
+		{apiary.HostStepStop, StepRunning, false},
+		{apiary.HostStepStop, StepSucceeded, true},
+	} {
+		tcp.Status.ControlPlaneHosts = []apiary.ControlPlaneHostStatus{{Host: "cp-2", Step: c.step, Result: c.result}}
+		_, start := r.upgradeWanted(h, tcp)
+		if start != c.start {
+			t.Errorf("control plane on the host at step %s %s: start %v, want %v", c.step, c.result, start, c.start)
+		}
+		if cond := meta.FindStatusCondition(h.Status.Conditions, apiary.HostConditionUpToDate); !c.start && (cond == nil || cond.Reason != ReasonWaitingForControlPlane) {
+			t.Errorf("step %s %s: condition %+v, want WaitingForControlPlane", c.step, c.result, cond)
+		}
+	}
+}
+
 func TestHostVersions(t *testing.T) {
 	host := func(name, version, upgradingTo, reason string) apiary.Host {
 		h := apiary.Host{ObjectMeta: metav1.ObjectMeta{Name: name}}
