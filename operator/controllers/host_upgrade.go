@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -318,7 +319,12 @@ func (r *HostReconciler) upgradeReady(ctx context.Context, h *apiary.Host, step 
 	}
 	done := fmt.Sprintf("Node %s Ready at %s, uncordoned", st.NodeName, st.UpgradingTo)
 	if liftUpgradeCordon(node) {
-		if _, err := ta.cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner}); err != nil {
+		stale, err := writeLiftedCordon(ctx, ta.cs, node)
+		if stale {
+			step.Message = fmt.Sprintf("Node %s changed while being uncordoned; trying again", st.NodeName)
+			return ctrl.Result{RequeueAfter: time.Second}
+		}
+		if err != nil {
 			return r.failUpgrade(ctx, h, step, fmt.Sprintf("uncordoning %s: %v", st.NodeName, err))
 		}
 	} else if node.Spec.Unschedulable {
@@ -348,6 +354,19 @@ func liftUpgradeCordon(node *corev1.Node) bool {
 	delete(node.Annotations, apiary.AnnotationCordonedForUpgrade)
 	node.Spec.Unschedulable = false
 	return true
+}
+
+// writeLiftedCordon writes a Node liftUpgradeCordon changed. stale: the
+// Node changed since it was read (the restarted kubelet writes it often),
+// so it is read again rather than the upgrade called failed; the write
+// carries the read's resourceVersion, so a cordon someone set meanwhile
+// is never lifted.
+func writeLiftedCordon(ctx context.Context, cs kubernetes.Interface, node *corev1.Node) (stale bool, err error) {
+	_, err = cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner})
+	if apierrors.IsConflict(err) {
+		return true, nil
+	}
+	return false, err
 }
 
 // siblingsOf maps a Host to the other Hosts of its tenant.

@@ -58,8 +58,31 @@ func TestUpgradeLiftsOnlyItsOwnCordon(t *testing.T) {
 		if lifted := liftUpgradeCordon(node); lifted != c.lifted {
 			t.Errorf("%s: cordon lifted %v, want %v", c.node, lifted, c.lifted)
 		} else if lifted {
-			if _, err := cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{FieldManager: FieldOwner}); err != nil {
+			// The kubelet writes the Node between the read and the
+			// lift: the write reports a stale read and changes nothing.
+			fresh, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+			if err != nil {
 				t.Fatal(err)
+			}
+			metav1.SetMetaDataLabel(&fresh.ObjectMeta, "written-by", "kubelet")
+			if _, err := cs.CoreV1().Nodes().Update(ctx, fresh, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if stale, err := writeLiftedCordon(ctx, cs, node); !stale || err != nil {
+				t.Fatalf("%s: lift written over a newer Node: stale %v, %v; want stale", c.node, stale, err)
+			}
+			if n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{}); err != nil || !n.Spec.Unschedulable {
+				t.Fatalf("%s: a stale lift uncordoned the Node (%v)", c.node, err)
+			}
+			node, err = cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !liftUpgradeCordon(node) {
+				t.Fatalf("%s: the mark is gone after a stale lift", c.node)
+			}
+			if stale, err := writeLiftedCordon(ctx, cs, node); stale || err != nil {
+				t.Fatalf("%s: lift: stale %v, %v", c.node, stale, err)
 			}
 		}
 		node, err = cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
