@@ -388,7 +388,7 @@ func (r *HostReconciler) install(ctx context.Context, h *apiary.Host, step *apia
 		return fail(ReasonInstallFailed, err.Error())
 	}
 	tcp.Default()
-	installCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	installCtx, cancel := context.WithTimeout(ctx, installTimeout)
 	defer cancel()
 	// The version the tenant runs, not spec.version: a host installed while
 	// an upgrade rolls must not run a kubelet newer than a kube-apiserver.

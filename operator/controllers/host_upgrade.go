@@ -61,6 +61,9 @@ const (
 	// upgradeReadyTimeout bounds the wait for the Node to come back Ready
 	// at the new version after the kubelet restart.
 	upgradeReadyTimeout = 5 * time.Minute
+	// installTimeout bounds putting a node bundle on a host, at join and
+	// at an upgrade alike; the host's owner controls how fast it goes.
+	installTimeout = 10 * time.Minute
 	// upgradeTurnPoll is how often a Host waiting for its turn looks
 	// again; a Host that ends its upgrade wakes the others at once
 	// (upgradeSlotFreed), so this only bounds a missed event.
@@ -255,7 +258,7 @@ func (r *HostReconciler) upgradeDrain(ctx context.Context, h *apiary.Host, step 
 // upgradeInstall puts the node bundle of the new version on the host; the
 // running kubelet keeps its old binary until the restart.
 func (r *HostReconciler) upgradeInstall(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
-	installCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	installCtx, cancel := context.WithTimeout(ctx, installTimeout)
 	defer cancel()
 	bundle, err := hosts.ResolveBundle(installCtx, r.nodeBundleRepository()+":"+h.Status.UpgradingTo, r.NodeBundleInsecure)
 	if err != nil {
