@@ -223,16 +223,7 @@ func (e *env) testCertRenewal(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	cancel()
 	<-done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Logf("FIGURE certificate renewals and a rotation (4 rolls): /version %d OK, %d failed, longest gap %s, slowest answer %s",
-		p.ok.Load(), p.failed.Load(), p.longest.Round(time.Millisecond), p.slowest.Round(time.Millisecond))
-	if p.failed.Load() > 0 {
-		t.Errorf("%d of %d requests failed across the renewals: %v", p.failed.Load(), p.ok.Load()+p.failed.Load(), p.failures)
-	}
-	if p.ok.Load() < 100 {
-		t.Errorf("only %d successful requests: the poll did not run", p.ok.Load())
-	}
+	p.verdict(t, "certificate renewals and a rotation (4 rolls)", "across the renewals", 100)
 }
 
 // renewAtOf reads status.certificates[name].renewAt.

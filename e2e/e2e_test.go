@@ -202,6 +202,24 @@ func (e *env) newPoller(t *testing.T, name string) *poller {
 	return &poller{url: cfg.Host + "/version", hc: hc}
 }
 
+// verdict logs the poll's figure and fails the test on any failed request
+// (during says when, for the message) or on fewer than minOK good ones (the
+// poll did not run). Call it once the poll has stopped.
+func (p *poller) verdict(t *testing.T, figure, during string, minOK int64) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ok, failed := p.ok.Load(), p.failed.Load()
+	t.Logf("FIGURE %s: /version %d OK, %d failed, longest gap %s, slowest answer %s",
+		figure, ok, failed, p.longest.Round(time.Millisecond), p.slowest.Round(time.Millisecond))
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed %s: %v", failed, ok+failed, during, p.failures)
+	}
+	if ok < minOK {
+		t.Errorf("only %d successful requests: the poll did not run", ok)
+	}
+}
+
 func (p *poller) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		sent := time.Now()

@@ -121,15 +121,7 @@ func (e *env) testUpgradeToMissingImages(t *testing.T) {
 	}
 	cancel()
 	<-done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Logf("FIGURE stopped and cancelled upgrade: /version %d OK, %d failed, longest gap %s", p.ok.Load(), p.failed.Load(), p.longest.Round(time.Millisecond))
-	if p.failed.Load() > 0 {
-		t.Errorf("%d of %d requests failed while the upgrade was stopped: %v", p.failed.Load(), p.ok.Load()+p.failed.Load(), p.failures)
-	}
-	if p.ok.Load() < 50 {
-		t.Errorf("only %d successful requests: the poll did not run", p.ok.Load())
-	}
+	p.verdict(t, "stopped and cancelled upgrade", "while the upgrade was stopped", 50)
 }
 
 // testMinorUpgrade upgrades a tenant with two worker Hosts and a workload
@@ -396,16 +388,7 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	}
 	cancel()
 	<-done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Logf("FIGURE minor upgrade: /version %d OK, %d failed, longest gap %s, slowest answer %s",
-		p.ok.Load(), p.failed.Load(), p.longest.Round(time.Millisecond), p.slowest.Round(time.Millisecond))
-	if p.failed.Load() > 0 {
-		t.Errorf("%d of %d requests failed during the upgrade: %v", p.failed.Load(), p.ok.Load()+p.failed.Load(), p.failures)
-	}
-	if p.ok.Load() < 50 {
-		t.Errorf("only %d successful requests: the poll did not run", p.ok.Load())
-	}
+	p.verdict(t, "minor upgrade", "during the upgrade", 50)
 }
 
 // upgradingDone says whether every Host runs version, uncordoned, with its
