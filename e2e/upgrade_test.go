@@ -121,7 +121,7 @@ func (e *env) testUpgradeToMissingImages(t *testing.T) {
 	}
 	cancel()
 	<-done
-	p.verdict(t, "stopped and cancelled upgrade", "while the upgrade was stopped", 50)
+	p.verdict(t, "stopped and cancelled upgrade", "while the upgrade was stopped")
 }
 
 // testMinorUpgrade upgrades a tenant with two worker Hosts and a workload
@@ -388,7 +388,7 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	}
 	cancel()
 	<-done
-	p.verdict(t, "minor upgrade", "during the upgrade", 50)
+	p.verdict(t, "minor upgrade", "during the upgrade")
 }
 
 // upgradingDone says whether every Host runs version, uncordoned, with its
