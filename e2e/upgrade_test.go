@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -288,13 +289,19 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 				violations = append(violations, fmt.Sprintf("%s: Node %s kubelet %s while a kube-apiserver at %s serves", at, n.Name, n.Status.NodeInfo.KubeletVersion, oldest))
 			}
 		}
-		upgrading := 0
-		for _, hn := range hostNames {
-			h := e.host(t, hn)
-			if h.Status.UpgradingTo == "" {
+		// One List, one snapshot: a Get per Host could read one just
+		// before it finished and the next just after it took the slot.
+		var hostList apiary.HostList
+		if err := e.C.List(e.Ctx, &hostList, client.InNamespace(framework.TenantsNS)); err != nil {
+			return err
+		}
+		var upgrading []string
+		for i := range hostList.Items {
+			h, hn := &hostList.Items[i], hostList.Items[i].Name
+			if !slices.Contains(hostNames, hn) || h.Status.UpgradingTo == "" {
 				continue
 			}
-			upgrading++
+			upgrading = append(upgrading, fmt.Sprintf("%s (%s)", hn, upgradeStepsOf(h)))
 			// The tenant read again, after the Host: a Host may start
 			// between an earlier read of the tenant and this one.
 			if v := e.TCP(t, name).Status.Version; v != to {
@@ -310,7 +317,10 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 				}
 			}
 		}
-		maxUpgrading = max(maxUpgrading, upgrading)
+		maxUpgrading = max(maxUpgrading, len(upgrading))
+		if len(upgrading) > 1 {
+			violations = append(violations, fmt.Sprintf("%s: %d Hosts upgrading at once at resourceVersion %s: %s", at, len(upgrading), hostList.ResourceVersion, strings.Join(upgrading, "; ")))
+		}
 		if proxy == to && kubeadm == to && insideMoved == 0 {
 			insideMoved = time.Since(start)
 		}
@@ -353,15 +363,41 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 			t.Errorf("Host %s, added while the control plane ran %s: installed %q, want the %s bundle", late.Name, from, installed.Message, from)
 		}
 	}
+	// The journals say it too, whatever the sampler saw: each Host's
+	// upgrade (drain started to Ready finished) ends before the next one's
+	// begins. Journal times are whole seconds, rounded down alike, so an
+	// honest hand-over never shows as an overlap.
+	type window struct {
+		host       string
+		begin, end time.Time
+	}
+	var windows []window
 	for _, hn := range hostNames {
 		h := e.host(t, hn)
 		var split []string
+		w := window{host: hn}
 		for _, st := range h.Status.Journal {
 			if strings.HasPrefix(st.Name, "upgrade-") && st.Finished != nil {
 				split = append(split, fmt.Sprintf("%s %s (%d attempt(s))", st.Name, st.Finished.Sub(st.Started.Time).Round(100*time.Millisecond), st.Attempts))
 			}
+			switch st.Name {
+			case controllers.StepUpgradeDrain:
+				w.begin = st.Started.Time
+			case controllers.StepUpgradeReady:
+				if st.Finished != nil {
+					w.end = st.Finished.Time
+				}
+			}
 		}
+		windows = append(windows, w)
 		t.Logf("FIGURE Host %s upgraded: %s", hn, strings.Join(split, ", "))
+	}
+	slices.SortFunc(windows, func(a, b window) int { return a.begin.Compare(b.begin) })
+	for i := 1; i < len(windows); i++ {
+		if prev, next := windows[i-1], windows[i]; next.begin.Before(prev.end) {
+			t.Errorf("Host %s began its upgrade at %s, before Host %s had finished its own at %s (maxParallel 1)",
+				next.host, next.begin.Format(time.TimeOnly), prev.host, prev.end.Format(time.TimeOnly))
+		}
 	}
 	framework.Eventually(t, "HostsUpToDate True", time.Minute, func() error {
 		return framework.ConditionIs(e.TCP(t, name).Status.Conditions, apiary.ConditionHostsUpToDate, metav1.ConditionTrue, controllers.ReasonAtVersion)
@@ -404,6 +440,17 @@ func upgradingDone(e *env, t *testing.T, names []string, version string) error {
 		}
 	}
 	return nil
+}
+
+// upgradeStepsOf lists a Host's upgrade steps with their results.
+func upgradeStepsOf(h *apiary.Host) string {
+	var out []string
+	for _, st := range h.Status.Journal {
+		if strings.HasPrefix(st.Name, "upgrade-") {
+			out = append(out, st.Name+":"+st.Result)
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 func (e *env) host(t *testing.T, name string) *apiary.Host {
