@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/apiaryhq/apiary/hosts"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -96,6 +97,10 @@ type HostReconciler struct {
 	// upgradeSlots serialises the start of worker upgrades, so that a
 	// tenant's maxParallel holds across concurrent reconciles.
 	upgradeSlots sync.Mutex
+	// steps runs the steps that reach the host over SSH off the workers
+	// (stepRunnerOf makes it).
+	steps     *stepRunner
+	stepsOnce sync.Once
 }
 
 // +kubebuilder:rbac:groups=apiary.dev,resources=hosts,verbs=get;list;watch;update;patch
@@ -119,11 +124,14 @@ func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if n <= 0 {
 		n = 4
 	}
+	steps := r.stepRunnerOf()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.controlPlaneHostsOf), builder.WithPredicates(tenantChangesJoins())).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.workerHostsOf), builder.WithPredicates(tenantChangesWorkerVersion())).
 		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.siblingsOf), builder.WithPredicates(upgradeSlotFreed())).
+		// A step that ran off the worker has ended.
+		WatchesRawSource(source.Channel(steps.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: n}).
 		Complete(r)
 }
@@ -145,6 +153,11 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		if !controllerutil.ContainsFinalizer(&orig, HostFinalizer) {
 			r.statuses.forget(orig.UID)
 			return ctrl.Result{}, nil
+		}
+		// A step still at the host ends first (cancelled): the reset
+		// must not race an install or a join.
+		if r.stepRunnerOf().stop(h) {
+			return ctrl.Result{RequeueAfter: time.Second}, nil
 		}
 		done, res := r.cleanup(ctx, h)
 		if !done {
@@ -232,7 +245,11 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 			st.Phase = s.phase
 			return ctrl.Result{Requeue: true}, r.writeStatus(ctx, &orig, h)
 		}
-		res := s.run(ctx, h, step)
+		res, ended := r.runStep(ctx, h, step, s.run)
+		if !ended {
+			st.Phase = s.phase
+			return res, r.writeStatus(ctx, &orig, h)
+		}
 		if err := r.writeStatus(ctx, &orig, h); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -253,6 +270,27 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 	}
 	return res, r.writeStatus(ctx, &orig, h)
+}
+
+// stepRunnerOf is the reconciler's step runner, made on first use.
+func (r *HostReconciler) stepRunnerOf() *stepRunner {
+	r.stepsOnce.Do(func() { r.steps = newStepRunner() })
+	return r.steps
+}
+
+// runStep runs a Running step that reaches the host off the worker (see
+// stepRunner). Until it has ended, the step's message says whether it
+// waits for its tenant's turn; once ended, h holds what it did.
+func (r *HostReconciler) runStep(ctx context.Context, h *apiary.Host, step *apiary.HostStep, fn stepFunc) (ctrl.Result, bool) {
+	res, ended, queued := r.stepRunnerOf().step(ctx, h, step.Name, fn)
+	switch {
+	case ended:
+	case queued:
+		step.Message = fmt.Sprintf("waits for its turn: the Hosts of tenant %s run at most %d steps at a time", h.Spec.TenantControlPlane, maxStepsPerTenant)
+	case strings.HasPrefix(step.Message, "waits for its turn"):
+		step.Message = ""
+	}
+	return res, ended
 }
 
 // preflight connects and checks the host, recording the step.

@@ -121,7 +121,10 @@ func (r *HostReconciler) standBy(ctx context.Context, h *apiary.Host, why string
 	case start:
 		return r.startLeave(h)
 	}
-	return r.leave(ctx, h, step, why)
+	res, _ := r.runStep(ctx, h, step, func(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
+		return r.leave(ctx, h, step, why)
+	})
+	return res
 }
 
 // startLeave journals an attempt at the leave; the next reconcile runs it.

@@ -147,10 +147,15 @@ func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host
 		switch name {
 		case StepUpgradeDrain:
 			res = r.upgradeDrain(ctx, h, step)
-		case StepUpgradeInstall:
-			res = r.upgradeInstall(ctx, h, step)
-		case StepUpgradeNode:
-			res = r.upgradeNode(ctx, h, step)
+		case StepUpgradeInstall, StepUpgradeNode:
+			fn := r.upgradeInstall
+			if name == StepUpgradeNode {
+				fn = r.upgradeNode
+			}
+			var ended bool
+			if res, ended = r.runStep(ctx, h, step, fn); !ended {
+				return res, true, nil
+			}
 		case StepUpgradeReady:
 			res = r.upgradeReady(ctx, h, step)
 		}
