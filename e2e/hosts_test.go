@@ -195,6 +195,7 @@ func (e *env) testHostPreflight(t *testing.T) {
 	t.Run("PlainKubeadmJoin", func(t *testing.T) { e.testHandJoin(t, d, image) })
 	t.Run("OperatorKilledWhileInstalling", func(t *testing.T) { e.testHostAcrossOperatorKill(t, d, image) })
 	t.Run("HostAddListRemoveCLI", func(t *testing.T) { e.testHostCLI(t, d, image) })
+	t.Run("StalledHostsHoldNoOtherTenant", func(t *testing.T) { e.testStalledHostsHoldNoOtherTenant(t, d, image) })
 	t.Run("TenantUpgradesAMinorWithItsHosts", func(t *testing.T) { e.testMinorUpgrade(t, d, image) })
 	t.Run("RegisteredTenant", func(t *testing.T) { e.testRegisteredTenant(t, d, image) })
 
