@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -20,11 +21,8 @@ const (
 	// maxStepsPerTenant bounds the SSH steps one tenant's Hosts run at
 	// once (as many as the controller had workers when steps ran on them).
 	maxStepsPerTenant = 4
-	// stepTurnPoll is how often a Host waiting for its tenant's turn looks
-	// again.
-	stepTurnPoll = 5 * time.Second
-	// stepPoll is how often a Host whose step runs looks at it, should the
-	// wake-up at its end be lost (a full channel).
+	// stepPoll is how often a Host whose step runs, or waits its turn,
+	// looks again should its wake-up be lost (a full channel).
 	stepPoll = 30 * time.Second
 )
 
@@ -40,7 +38,9 @@ type stepFunc func(context.Context, *apiary.Host, *apiary.HostStep) ctrl.Result
 // step runs in its own goroutine on a copy of the Host; the worker returns
 // at once and a later reconcile (woken when the step ends) takes the result
 // into the Host's status. Each tenant runs at most maxStepsPerTenant steps
-// at a time: its other Hosts wait their turn, other tenants do not.
+// at a time: its other Hosts wait their turn, other tenants do not. A Host
+// waiting its turn is woken when one of its tenant's steps ends, not
+// polled: a tenant with many Hosts costs no reconciles while it waits.
 //
 // Only this process's runs are known: a step left Running by an earlier
 // operator is resumed by the journal (stepDue), as before.
@@ -48,6 +48,9 @@ type stepRunner struct {
 	mu       sync.Mutex
 	runs     map[string]*stepRun // by runKey
 	byTenant map[string]int      // running steps, by tenant key
+	// waiting holds the Hosts waiting their turn, by tenant key and Host
+	// UID, to wake one when a step of their tenant ends.
+	waiting map[string]map[string]*apiary.Host
 	// wake receives a Host whose step ended, for the controller's
 	// channel source.
 	wake chan event.GenericEvent
@@ -62,13 +65,14 @@ type stepRun struct {
 }
 
 func newStepRunner() *stepRunner {
-	return &stepRunner{runs: map[string]*stepRun{}, byTenant: map[string]int{}, wake: make(chan event.GenericEvent, 64)}
+	return &stepRunner{runs: map[string]*stepRun{}, byTenant: map[string]int{}, waiting: map[string]map[string]*apiary.Host{},
+		wake: make(chan event.GenericEvent, 64)}
 }
 
 // runKey names one attempt of one step of one Host: a later attempt (its
 // own start) is another run.
 func runKey(h *apiary.Host, step *apiary.HostStep) string {
-	return startKey(h.UID, step.Name) + "@" + step.Started.UTC().String()
+	return fmt.Sprintf("%s@%d", startKey(h.UID, step.Name), step.Started.Unix())
 }
 
 func tenantKey(h *apiary.Host) string { return h.Namespace + "/" + h.Spec.TenantControlPlane }
@@ -94,8 +98,13 @@ func (s *stepRunner) step(ctx context.Context, h *apiary.Host, name string, fn s
 	}
 	tenant := tenantKey(h)
 	if s.byTenant[tenant] >= maxStepsPerTenant {
-		return ctrl.Result{RequeueAfter: stepTurnPoll}, false, true
+		if s.waiting[tenant] == nil {
+			s.waiting[tenant] = map[string]*apiary.Host{}
+		}
+		s.waiting[tenant][string(h.UID)] = &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: h.Namespace, Name: h.Name}}
+		return ctrl.Result{RequeueAfter: stepPoll}, false, true
 	}
+	s.forgetWaiting(tenant, string(h.UID))
 	s.byTenant[tenant]++
 	// The controller's context: it ends when the operator stops (or
 	// loses its lease), and the step with it.
@@ -112,14 +121,39 @@ func (s *stepRunner) step(ctx context.Context, h *apiary.Host, name string, fn s
 		if s.byTenant[tenant] == 0 {
 			delete(s.byTenant, tenant)
 		}
+		// The freed turn goes to a Host that waits for it (it is
+		// forgotten here: should another take the turn first, it waits
+		// again and is remembered again).
+		var next *apiary.Host
+		for uid, w := range s.waiting[tenant] {
+			next = w
+			s.forgetWaiting(tenant, uid)
+			break
+		}
 		s.mu.Unlock()
-		select {
-		case s.wake <- event.GenericEvent{Object: copied}:
-		default:
-			// A full channel: the step's requeue (stepPoll) finds it.
+		s.send(copied)
+		if next != nil {
+			s.send(next)
 		}
 	}()
 	return ctrl.Result{RequeueAfter: stepPoll}, false, false
+}
+
+// send wakes a Host; a full channel leaves it to its requeue (stepPoll).
+func (s *stepRunner) send(h *apiary.Host) {
+	select {
+	case s.wake <- event.GenericEvent{Object: h}:
+	default:
+	}
+}
+
+// forgetWaiting drops a Host from its tenant's waiting list. Call with mu
+// held.
+func (s *stepRunner) forgetWaiting(tenant, uid string) {
+	delete(s.waiting[tenant], uid)
+	if len(s.waiting[tenant]) == 0 {
+		delete(s.waiting, tenant)
+	}
 }
 
 // stop cancels h's running steps and says whether any is still running;
@@ -127,6 +161,7 @@ func (s *stepRunner) step(ctx context.Context, h *apiary.Host, name string, fn s
 func (s *stepRunner) stop(h *apiary.Host) (running bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetWaiting(tenantKey(h), string(h.UID))
 	prefix := string(h.UID) + "/"
 	for key, run := range s.runs {
 		if strings.HasPrefix(key, prefix) {

@@ -96,9 +96,31 @@ func TestStepRunnerTenantsTakeTurns(t *testing.T) {
 	for range maxStepsPerTenant {
 		<-started
 	}
-	res, _, queued := s.step(context.Background(), runnerHost("hostile", maxStepsPerTenant), StepInstall, fn)
-	if !queued || res.RequeueAfter != stepTurnPoll {
+	fifth := runnerHost("hostile", maxStepsPerTenant)
+	res, _, queued := s.step(context.Background(), fifth, StepInstall, fn)
+	if !queued || res.RequeueAfter != stepPoll {
 		t.Fatalf("a Host past the tenant's share: queued %v, res %+v", queued, res)
+	}
+	// One of the four ends: the waiting Host is woken (not left to its
+	// poll) and takes the turn.
+	release <- struct{}{}
+	woken := map[string]bool{}
+	for len(woken) < 2 {
+		select {
+		case ev := <-s.wake:
+			woken[ev.Object.GetName()] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("woken %v, want the ended Host and %s", woken, fifth.Name)
+		}
+	}
+	if !woken[fifth.Name] {
+		t.Fatalf("woken %v, not the waiting %s", woken, fifth.Name)
+	}
+	if _, _, queued := s.step(context.Background(), fifth, StepInstall, fn); queued {
+		t.Fatalf("%s still waits after a turn was freed", fifth.Name)
+	}
+	if name := <-started; name != fifth.Name {
+		t.Fatalf("started %s, want %s", name, fifth.Name)
 	}
 	if _, _, queued := s.step(context.Background(), runnerHost("other", 0), StepInstall, fn); queued {
 		t.Fatal("another tenant's Host waits for the stalled tenant")
