@@ -58,7 +58,7 @@ func (e *env) testStalledHostsHoldNoOtherTenant(t *testing.T, d *sshhost.Docker,
 			for _, st := range h.Status.Journal {
 				switch {
 				case st.Result != controllers.StepRunning:
-				case strings.HasPrefix(st.Message, "waits for its turn"):
+				case strings.HasPrefix(st.Message, controllers.StepWaitsForTurn):
 					waiting = append(waiting, h.Name+" "+st.Name+": "+st.Message)
 				case st.Name == controllers.StepInstall:
 					running = append(running, h.Name)

@@ -286,8 +286,8 @@ func (r *HostReconciler) runStep(ctx context.Context, h *apiary.Host, step *apia
 	switch {
 	case ended:
 	case queued:
-		step.Message = fmt.Sprintf("waits for its turn: the Hosts of tenant %s run at most %d steps at a time", h.Spec.TenantControlPlane, maxStepsPerTenant)
-	case strings.HasPrefix(step.Message, "waits for its turn"):
+		step.Message = fmt.Sprintf("%s: the Hosts of tenant %s run at most %d steps at a time", StepWaitsForTurn, h.Spec.TenantControlPlane, maxStepsPerTenant)
+	case strings.HasPrefix(step.Message, StepWaitsForTurn):
 		step.Message = ""
 	}
 	return res, ended

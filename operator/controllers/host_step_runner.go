@@ -18,6 +18,9 @@ import (
 )
 
 const (
+	// StepWaitsForTurn begins the message of a step that waits for its
+	// tenant's turn.
+	StepWaitsForTurn = "waits for its turn"
 	// maxStepsPerTenant bounds the SSH steps one tenant's Hosts run at
 	// once (as many as the controller had workers when steps ran on them).
 	maxStepsPerTenant = 4

@@ -3,9 +3,12 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -190,5 +193,32 @@ func TestMergeStepResult(t *testing.T) {
 	}
 	if len(cur.Conditions) != 2 || len(cur.Journal) != 2 || cur.Conditions[0].Type != apiary.HostConditionReachable {
 		t.Errorf("conditions or journal reordered, duplicated or not removed: %+v", cur)
+	}
+}
+
+// Every HostStatus field is either taken from a step's result or owned by
+// the reconcile that runs the step: a field added to HostStatus must be
+// placed here, or a step's change to it would be lost.
+func TestMergeStepResultKnowsEveryField(t *testing.T) {
+	merged := []string{"Phase", "Conditions", "NodeName", "NodeUID", "BootstrapTokenID", "Version", "UpgradingTo", "Facts", "Journal"}
+	ownedByReconcile := []string{"ObservedGeneration", "HostKeyCheck"}
+	typ := reflect.TypeFor[apiary.HostStatus]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		if !slices.Contains(merged, name) && !slices.Contains(ownedByReconcile, name) {
+			t.Errorf("HostStatus.%s: neither merged by mergeStepResult nor owned by the reconcile", name)
+		}
+	}
+	// The merged ones are taken: a step that sets each of them.
+	var before, cur apiary.HostStatus
+	after := apiary.HostStatus{
+		Phase: apiary.HostPhaseReady, NodeName: "n", NodeUID: "u", BootstrapTokenID: "t", Version: "v1.37.2", UpgradingTo: "v1.38.0",
+		Facts:      &apiary.HostFacts{OS: "Debian"},
+		Conditions: []metav1.Condition{{Type: apiary.HostConditionJoined, Status: metav1.ConditionTrue}},
+		Journal:    []apiary.HostStep{{Name: StepJoin, Result: StepSucceeded}},
+	}
+	mergeStepResult(&cur, &before, &after)
+	if !equality.Semantic.DeepEqual(cur, after) {
+		t.Errorf("merged %+v, want %+v", cur, after)
 	}
 }
