@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 devcluster() { go run ./hack/devcluster "$@"; }
 events=$(mktemp -d)
+trap 'rm -rf "$events"' EXIT
 gotest() { # gotest EVENTS-FILE GO-TEST-ARGS...
   local json=$1
   shift
@@ -25,7 +26,7 @@ gotest() { # gotest EVENTS-FILE GO-TEST-ARGS...
 started=0
 devcluster status >/dev/null 2>&1 || started=1
 if [ "$started" = 1 ]; then
-  trap 'echo "tearing down the cluster this run started" >&2; devcluster down' EXIT
+  trap 'rm -rf "$events"; echo "tearing down the cluster this run started" >&2; devcluster down' EXIT
 fi
 devcluster up
 set +e
@@ -35,7 +36,7 @@ rc=${PIPESTATUS[0]}
 set -e
 if [ "$started" = 1 ]; then
   devcluster down
-  trap - EXIT
+  trap 'rm -rf "$events"' EXIT
   set +e
   APIARY_E2E_LIFECYCLE=1 gotest lifecycle.json -tags e2e -count=1 -timeout 20m -run TestLifecycle ./e2e/cluster/ 2>&1 | tee -a "${APIARY_E2E_LOG:-/dev/null}"
   lrc=${PIPESTATUS[0]}
@@ -49,5 +50,4 @@ if [ "$rc" != 0 ]; then
     go run ./hack/testdigest "$json" || true
   done
 fi
-rm -rf "$events"
 exit "$rc"
