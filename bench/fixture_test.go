@@ -51,7 +51,8 @@ func newDataStoreCA(tb testing.TB) dataStoreCA {
 }
 
 // issueAll issues every credential of a new tenant the way
-// operator/controllers/credentials.go does on the first reconcile: two CAs,
+// operator/controllers/credentials.go does on the first reconcile: two CAs
+// and the trust bundle,
 // the service-account key, seven leaf certificates (the datastore client
 // signed by the DataStore CA), four kubeconfigs in three Secrets, and wraps
 // each in its Secret. It returns the Secrets' data by kind.
@@ -115,6 +116,7 @@ func issueAll(tcp *apiary.TenantControlPlane, ds dataStoreCA) (map[render.Secret
 	if err != nil {
 		return nil, err
 	}
+	put(render.SecretCATrust, map[string][]byte{render.KeyCACert: ca.CertPEM()})
 	frontProxyCA, err := newCA(render.SecretFrontProxyCA, render.FrontProxyCACommonName(tcp))
 	if err != nil {
 		return nil, err

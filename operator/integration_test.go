@@ -464,8 +464,9 @@ func (s *suite) testProvisions(t *testing.T) {
 			t.Errorf("Secret %s missing", kind)
 		}
 	}
-	// Every Secret holds a certificate but the service-account key pair.
-	if want := len(render.AllSecretKinds) - 1; len(st.Certificates) != want {
+	// Every Secret holds a certificate but the service-account key pair
+	// and the CA trust bundle.
+	if want := len(render.AllSecretKinds) - 2; len(st.Certificates) != want {
 		t.Errorf("status.certificates has %d entries, want %d: %+v", len(st.Certificates), want, st.Certificates)
 	}
 	for _, c := range st.Certificates {

@@ -16,8 +16,11 @@ const (
 	kubernetesDir = "/etc/kubernetes"
 	pkiDir        = kubernetesDir + "/pki"
 
-	pathCACert               = pkiDir + "/ca.crt"
-	pathCAKey                = pkiDir + "/ca.key"
+	pathCACert = pkiDir + "/ca.crt"
+	pathCAKey  = pkiDir + "/ca.key"
+	// pathCAIssuerCert is the CA that signs, with pathCAKey: pathCACert is
+	// the bundle trusted, which holds two CAs during a CA rotation.
+	pathCAIssuerCert         = pkiDir + "/ca-issuer.crt"
 	pathAPIServerCert        = pkiDir + "/apiserver.crt"
 	pathAPIServerKey         = pkiDir + "/apiserver.key"
 	pathKubeletClientCert    = pkiDir + "/apiserver-kubelet-client.crt"
@@ -228,7 +231,7 @@ func controllerManagerDefaults(in Inputs) map[string]string {
 		"client-ca-file":                   pathCACert,
 		"cluster-cidr":                     s.Network.PodCIDR,
 		"cluster-name":                     in.TCP.Name,
-		"cluster-signing-cert-file":        pathCACert,
+		"cluster-signing-cert-file":        pathCAIssuerCert,
 		"cluster-signing-key-file":         pathCAKey,
 		"controllers":                      "*,bootstrapsigner,tokencleaner",
 		"kubeconfig":                       pathControllerManagerCfg,

@@ -50,7 +50,7 @@ func ConfigHash(secrets map[string]map[string][]byte) string {
 // MountedSecrets are the Secret kinds mounted into the control-plane pods:
 // a change to any of them must roll the pods (ConfigHash).
 var MountedSecrets = []SecretKind{
-	SecretCA, SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyCA,
+	SecretCA, SecretCATrust, SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyCA,
 	SecretFrontProxyClient, SecretServiceAccount, SecretDataStoreClient,
 	SecretControllerManagerConfig, SecretSchedulerConfig,
 	SecretKonnectivityServer, SecretKonnectivityKubeconfig,
@@ -87,7 +87,7 @@ func secretFiles(kind SecretKind, keyToPath ...string) []mountedFile {
 func apiServerFiles(in Inputs) []mountedFile {
 	tcp := in.TCP
 	files := slices.Concat(
-		secretFiles(SecretCA, KeyTLSCert, pathCACert),
+		secretFiles(SecretCATrust, KeyCACert, pathCACert),
 		secretFiles(SecretAPIServer, KeyTLSCert, pathAPIServerCert, KeyTLSKey, pathAPIServerKey),
 		secretFiles(SecretAPIServerKubeletClient, KeyTLSCert, pathKubeletClientCert, KeyTLSKey, pathKubeletClientKey),
 		secretFiles(SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert),
@@ -106,7 +106,8 @@ func apiServerFiles(in Inputs) []mountedFile {
 
 func controllerManagerFiles() []mountedFile {
 	return slices.Concat(
-		secretFiles(SecretCA, KeyTLSCert, pathCACert, KeyTLSKey, pathCAKey),
+		secretFiles(SecretCATrust, KeyCACert, pathCACert),
+		secretFiles(SecretCA, KeyTLSCert, pathCAIssuerCert, KeyTLSKey, pathCAKey),
 		secretFiles(SecretFrontProxyCA, KeyTLSCert, pathFrontProxyCACert),
 		secretFiles(SecretServiceAccount, KeySAKey, pathSAKey),
 		secretFiles(SecretControllerManagerConfig, apiary.KubeconfigKey, pathControllerManagerCfg),

@@ -37,7 +37,14 @@ const (
 type SecretKind = conventions.SecretKind
 
 const (
-	SecretCA                     SecretKind = "ca"
+	SecretCA SecretKind = "ca"
+	// SecretCATrust holds the cluster CA bundle everything of the tenant
+	// trusts (key ca.crt): the CA, and during a CA rotation the one it
+	// replaces or is about to be replaced by.
+	SecretCATrust SecretKind = "ca-trust"
+	// SecretCANext is the CA a rotation moves to, while the old one still
+	// issues (the TrustNew phase); it exists only then.
+	SecretCANext                 SecretKind = "ca-next"
 	SecretAPIServer              SecretKind = "apiserver"
 	SecretAPIServerKubeletClient SecretKind = "apiserver-kubelet-client"
 	SecretFrontProxyCA           SecretKind = "front-proxy-ca"
@@ -57,7 +64,7 @@ const (
 // AllSecretKinds lists every Secret of a tenant, in the order they are
 // issued (CAs before what they sign).
 var AllSecretKinds = []SecretKind{
-	SecretCA, SecretFrontProxyCA, SecretServiceAccount, SecretDataStoreClient,
+	SecretCA, SecretCATrust, SecretFrontProxyCA, SecretServiceAccount, SecretDataStoreClient,
 	SecretAPIServer, SecretAPIServerKubeletClient, SecretFrontProxyClient,
 	SecretAdminKubeconfig, SecretOperatorKubeconfig, SecretControllerManagerConfig, SecretSchedulerConfig,
 	SecretKonnectivityServer, SecretKonnectivityKubeconfig,
