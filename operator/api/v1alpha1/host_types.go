@@ -56,6 +56,10 @@ const (
 	// HostConditionUpToDate: the node software runs the version of the
 	// tenant's control plane (status.version); False says why not yet.
 	HostConditionUpToDate = "UpToDate"
+	// HostConditionCAUpToDate: the host trusts its tenant's CA bundle and
+	// its kubelet holds certificates of the tenant's CA; False while a CA
+	// rotation moves it, or says which step failed.
+	HostConditionCAUpToDate = "CAUpToDate"
 )
 
 // SSHPrivateKeyKey is the key of the private key in a Host's SSH key Secret
@@ -173,6 +177,11 @@ type HostStatus struct {
 	// recorded before it starts; empty when none is.
 	// +optional
 	UpgradingTo string `json:"upgradingTo,omitempty"`
+	// CA is what the host's kubelet holds of its tenant's cluster CA, as
+	// last written by the operator: the CA rotation moves on once every
+	// joined Host has caught up.
+	// +optional
+	CA *HostCA `json:"ca,omitempty"`
 	// +optional
 	Facts *HostFacts `json:"facts,omitempty"`
 	// Journal of the steps taken on the host, oldest first.
@@ -180,6 +189,18 @@ type HostStatus struct {
 	// +listMapKey=name
 	// +optional
 	Journal []HostStep `json:"journal,omitempty"`
+}
+
+// HostCA is what a joined host trusts and holds of its tenant's CA.
+type HostCA struct {
+	// Trust is the fingerprint of the CA bundle in the host's
+	// /etc/kubernetes/pki/ca.crt and kubelet kubeconfig.
+	// +optional
+	Trust string `json:"trust,omitempty"`
+	// KubeletIssuer is the fingerprint of the CA that signed the kubelet's
+	// client certificate.
+	// +optional
+	KubeletIssuer string `json:"kubeletIssuer,omitempty"`
 }
 
 // Host is a machine reachable over SSH that the operator prepares and joins

@@ -17,6 +17,11 @@ const (
 	// one handled). "apiary certs rotate" sets it to the time of the
 	// request.
 	AnnotationRotateCertificates = "apiary.dev/rotate-certificates"
+	// AnnotationRotateCA on a TenantControlPlane asks for its cluster CA
+	// to be replaced (status.caRotation follows it); each new value is one
+	// rotation. "apiary certs rotate --ca" sets it to the time of the
+	// request.
+	AnnotationRotateCA = "apiary.dev/rotate-ca"
 	// AnnotationCordonedForUpgrade on a tenant's Node marks a cordon the
 	// operator made for a Host upgrade (its value: the version upgraded
 	// to). Only such a cordon is lifted when the upgrade ends: a Node its

@@ -220,6 +220,59 @@ type CertificateRotation struct {
 	Completed *metav1.Time `json:"completed,omitempty"`
 }
 
+// Phases of a CA rotation, in the order they run.
+const (
+	// CARotationTrustNew: a new CA exists and everything that verifies a
+	// certificate of the tenant (API servers, kubeconfigs, kubelets,
+	// cluster-info, the pods' kube-root-ca.crt, konnectivity agents)
+	// learns to trust it alongside the old one, which still issues.
+	CARotationTrustNew = "TrustNew"
+	// CARotationReissue: the new CA issues; every leaf certificate is
+	// re-issued, the control plane rolls, then each Host's kubelet gets new
+	// client and serving certificates through CSRs. Both CAs are trusted.
+	CARotationReissue = "Reissue"
+	// CARotationDropOld: only the new CA is trusted; the old one's
+	// certificates are refused everywhere once this phase ends.
+	CARotationDropOld = "DropOld"
+	// CARotationCompleted: the old CA is gone.
+	CARotationCompleted = "Completed"
+)
+
+// CARotation records a rotation of the tenant's cluster CA.
+type CARotation struct {
+	// Token is the apiary.dev/rotate-ca annotation's value this rotation
+	// answers.
+	Token string `json:"token"`
+	// Requested is when the operator started it.
+	Requested metav1.Time `json:"requested"`
+	// Phase is where it is (TrustNew, Reissue, DropOld; Completed).
+	Phase string `json:"phase"`
+	// PhaseStarted is when the phase began.
+	PhaseStarted metav1.Time `json:"phaseStarted"`
+	// Message says what the phase waits for.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Trust is the fingerprint of the CA bundle everything trusts now
+	// (the tenant's ca-trust Secret): each Host trusts it once its
+	// status.ca.trust says so.
+	// +optional
+	Trust string `json:"trust,omitempty"`
+	// KubeletIssuer is the fingerprint of the CA the Hosts' kubelets must
+	// hold client certificates of, set in the Reissue phase once the
+	// control plane signs with the new CA.
+	// +optional
+	KubeletIssuer string `json:"kubeletIssuer,omitempty"`
+	// AddonsTrust is the fingerprint of the CA bundle the tenant's addon
+	// pods (konnectivity-agent, kube-proxy, CoreDNS) were restarted to
+	// read: they read it once, at start, from kube-root-ca.crt, so they
+	// restart each time the tenant publishes a new one.
+	// +optional
+	AddonsTrust string `json:"addonsTrust,omitempty"`
+	// Completed is when the old CA stopped being trusted anywhere.
+	// +optional
+	Completed *metav1.Time `json:"completed,omitempty"`
+}
+
 // TenantControlPlaneStatus is the observed state of a tenant control plane.
 type TenantControlPlaneStatus struct {
 	// ObservedGeneration is the generation the status was computed from.
@@ -277,6 +330,11 @@ type TenantControlPlaneStatus struct {
 	// apiary.dev/rotate-certificates annotation.
 	// +optional
 	CertificateRotation *CertificateRotation `json:"certificateRotation,omitempty"`
+	// CARotation is the last rotation of the cluster CA asked for with
+	// the apiary.dev/rotate-ca annotation (kept once completed, replaced
+	// by the next one).
+	// +optional
+	CARotation *CARotation `json:"caRotation,omitempty"`
 	// ModeSwitch is the journal of the last switch between modes (kept
 	// once completed, replaced by the next one).
 	// +optional
