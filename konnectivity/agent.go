@@ -91,6 +91,12 @@ func AgentPodSpec(in AgentInputs) *corev1ac.PodSpecApplyConfiguration {
 		// No dependency on the pod network: the agent is what makes the
 		// node reachable at all.
 		WithHostNetwork(true).
+		// SIGTERM makes the agent drain (servers stop choosing it for new
+		// dials; destHost falls back to another agent) and it exits only
+		// on a second signal, so it would wait out the whole grace period
+		// at every restart: 30 s by default, per node, during each roll
+		// of the DaemonSet. A few seconds let in-flight dials finish.
+		WithTerminationGracePeriodSeconds(agentGracePeriod).
 		WithNodeSelector(map[string]string{"kubernetes.io/os": "linux"}).
 		WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
 		WithContainers(ctr).
@@ -103,6 +109,9 @@ func AgentPodSpec(in AgentInputs) *corev1ac.PodSpecApplyConfiguration {
 				WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(AgentName)),
 		)
 }
+
+// agentGracePeriod is how long a stopping agent drains.
+const agentGracePeriod = 5
 
 // leases are the objects the servers publish and the agents count.
 func leases() *rbacv1ac.PolicyRuleApplyConfiguration {
