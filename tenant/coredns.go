@@ -76,7 +76,7 @@ func coreDNS(in Inputs) ([]any, error) {
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(sel)).
 			WithStrategy(appsv1ac.DeploymentStrategy().WithType("RollingUpdate").
 				WithRollingUpdate(appsv1ac.RollingUpdateDeployment().WithMaxUnavailable(intstr.FromInt32(1)))).
-			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(p, sel)).
+			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(p, sel)).WithAnnotations(in.templateAnnotations()).
 				WithSpec(corev1ac.PodSpec().
 					WithPriorityClassName("system-cluster-critical").
 					WithServiceAccountName("coredns").

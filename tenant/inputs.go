@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/apiaryhq/apiary/images"
+	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
@@ -45,8 +46,15 @@ type Inputs struct {
 	// Server is the URL nodes and in-cluster components reach the tenant
 	// API at (the tenant Service's public endpoint).
 	Server string
-	// CACert is the PEM of the tenant's cluster CA.
+	// CACert is the PEM of the CA bundle the tenant trusts (its cluster
+	// CA; two during a CA rotation): cluster-info carries it to joins.
 	CACert []byte
+	// RootCA is the fingerprint of the CA bundle the tenant's controller
+	// manager publishes to pods (kube-root-ca.crt), set once the tenant
+	// has had a CA rotation: the addons that talk to the API server read
+	// it at start, so their pods carry it (AnnotationRootCA) and roll when
+	// it changes. Empty: no annotation.
+	RootCA string
 	// ImageRepository replaces registry.k8s.io in addon images ("" keeps it).
 	ImageRepository string
 }
@@ -87,10 +95,37 @@ func (in Inputs) image(name, tag string) string {
 	return images.Ref(in.ImageRepository, name, tag)
 }
 
+// AnnotationRootCA on an addon's pod template is Inputs.RootCA.
+const AnnotationRootCA = "apiary.dev/root-ca"
+
+// templateAnnotations are the annotations of the addons' pod templates.
+func (in Inputs) templateAnnotations() map[string]string {
+	if in.RootCA == "" {
+		return nil
+	}
+	return map[string]string{AnnotationRootCA: in.RootCA}
+}
+
 func labels(p Part, extra map[string]string) map[string]string {
 	l := map[string]string{LabelManagedBy: ManagedBy, LabelPart: string(p)}
 	for k, v := range extra {
 		l[k] = v
 	}
 	return l
+}
+
+// Workload is an addon's DaemonSet or Deployment.
+type Workload struct {
+	Part            Part
+	Kind            string
+	Namespace, Name string
+}
+
+// RootCAReaders are the addons whose pods read the CA bundle of their
+// service-account volume (kube-root-ca.crt) once, at start: they carry
+// AnnotationRootCA.
+var RootCAReaders = []Workload{
+	{PartKonnectivity, "DaemonSet", konnectivity.Namespace, konnectivity.AgentName},
+	{PartKubeProxy, "DaemonSet", "kube-system", "kube-proxy"},
+	{PartCoreDNS, "Deployment", "kube-system", "coredns"},
 }

@@ -26,7 +26,7 @@ func konnectivityAgent(in Inputs) ([]any, error) {
 	ds := appsv1ac.DaemonSet(konnectivity.AgentName, ns).WithLabels(labels(p, sel)).
 		WithSpec(appsv1ac.DaemonSetSpec().
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(sel)).
-			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(p, sel)).
+			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(p, sel)).WithAnnotations(in.templateAnnotations()).
 				WithSpec(konnectivity.AgentPodSpec(konnectivity.AgentInputs{
 					Image:      konnectivity.AgentImage(in.ImageRepository),
 					ServerHost: in.serverHost(),

@@ -57,7 +57,7 @@ func kubeProxy(in Inputs) ([]any, error) {
 		WithSpec(appsv1ac.DaemonSetSpec().
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(sel)).
 			WithUpdateStrategy(appsv1ac.DaemonSetUpdateStrategy().WithType("RollingUpdate")).
-			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(p, sel)).
+			WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels(p, sel)).WithAnnotations(in.templateAnnotations()).
 				WithSpec(corev1ac.PodSpec().
 					WithPriorityClassName("system-node-critical").
 					WithServiceAccountName("kube-proxy").

@@ -107,6 +107,9 @@ type credentials struct {
 	// Secret does not carry it is re-issued, and every leaf written
 	// carries it. Clocks play no part: a token is answered once.
 	rotation string
+	// trust is the CA bundle kubeconfigs carry; empty: the signing CA's
+	// certificate alone.
+	trust []byte
 }
 
 // annotationRotation on a leaf's Secret is the rotation token it was
@@ -408,7 +411,10 @@ type kubeconfig struct {
 // client certificate, each pointing at its own server.
 func (cr *credentials) kubeconfigs(ctx context.Context, kind render.SecretKind, ca *pki.KeyPair, req pki.Request, name string, configs ...kubeconfig) error {
 	req = cr.withLifetime(req)
-	caPEM := ca.CertPEM()
+	caPEM := cr.trust
+	if len(caPEM) == 0 {
+		caPEM = ca.CertPEM()
+	}
 	data, why := cr.existing(kind)
 	if data != nil {
 		kp, problem := cr.kubeconfigProblem(data, ca, caPEM, req, configs)

@@ -129,7 +129,8 @@ func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.controlPlaneHostsOf), builder.WithPredicates(tenantChangesJoins())).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.workerHostsOf), builder.WithPredicates(tenantChangesWorkerVersion())).
-		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.siblingsOf), builder.WithPredicates(upgradeSlotFreed())).
+		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.siblingsOf), builder.WithPredicates(predicate.Or(upgradeSlotFreed(), caStepFreed()))).
+		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.allHostsOf), builder.WithPredicates(tenantChangesCA())).
 		// A step that ran off the worker has ended.
 		WatchesRawSource(source.Channel(steps.wake, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: n}).
@@ -262,6 +263,12 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	res, busy, err := r.upgradeWorker(ctx, &orig, h)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if !busy {
+		// A CA rotation's steps wait for an upgrade to end.
+		if res, busy, err = r.caWorker(ctx, &orig, h); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if !busy {
 		observed := r.observeNode(ctx, h)

@@ -31,6 +31,7 @@ import (
 	"github.com/apiaryhq/apiary/hosts"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/pki"
 	"github.com/apiaryhq/apiary/tenant"
 )
 
@@ -63,9 +64,12 @@ const (
 
 // tenantAccess is what the agent needs of a host's tenant.
 type tenantAccess struct {
-	tcp      *apiary.TenantControlPlane
-	cs       kubernetes.Interface
-	caPEM    []byte
+	tcp   *apiary.TenantControlPlane
+	cs    kubernetes.Interface
+	caPEM []byte
+	// trustPEM is the CA bundle the tenant trusts (its CA; two during a
+	// CA rotation).
+	trustPEM []byte
 	endpoint string // host:port
 }
 
@@ -90,12 +94,19 @@ func (r *HostReconciler) tenant(ctx context.Context, h *apiary.Host) (*tenantAcc
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: render.SecretName(&tcp, render.SecretCA)}, &ca); err != nil {
 		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant CA: %w", err)
 	}
+	trust := ca.Data[render.KeyTLSCert]
+	var ts corev1.Secret
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: render.SecretName(&tcp, render.SecretCATrust)}, &ts); err == nil {
+		trust = ts.Data[render.KeyCACert]
+	} else if !apierrors.IsNotFound(err) {
+		return nil, ReasonTenantNotReady, fmt.Errorf("reading the tenant's CA bundle: %w", err)
+	}
 	tc, err := r.Tenants.For(tcp.UID, kc.Data[apiary.KubeconfigKey])
 	if err != nil {
 		return nil, ReasonTenantNotReady, err
 	}
 	cs := tc.Clientset
-	return &tenantAccess{tcp: &tcp, cs: cs, caPEM: ca.Data[render.KeyTLSCert],
+	return &tenantAccess{tcp: &tcp, cs: cs, caPEM: ca.Data[render.KeyTLSCert], trustPEM: trust,
 		endpoint: strings.TrimPrefix(tcp.Status.Endpoint, "https://")}, "", nil
 }
 
@@ -216,6 +227,14 @@ func (r *HostReconciler) join(ctx context.Context, h *apiary.Host, step *apiary.
 	}
 	r.succeedStep(step, msg)
 	st.NodeName = nodeName(h)
+	// What kubeadm gave the kubelet: cluster-info's bundle, a client
+	// certificate of the tenant's CA. During a CA rotation either may be
+	// a phase behind: recorded as unknown, the rotation's steps check
+	// the host.
+	st.CA = &apiary.HostCA{}
+	if rot := ta.tcp.Status.CARotation; rot == nil || rot.Completed != nil {
+		st.CA = &apiary.HostCA{Trust: pki.Fingerprint(ta.trustPEM), KubeletIssuer: pki.Fingerprint(ta.caPEM)}
+	}
 	r.setCondition(h, apiary.HostConditionJoined, metav1.ConditionTrue, ReasonJoined, step.Message)
 	return ctrl.Result{}
 }

@@ -199,6 +199,11 @@ func (r *HostReconciler) workerHostsOf(ctx context.Context, o client.Object) []r
 	return r.hostsOf(ctx, o, func(role apiary.HostRole) bool { return role != apiary.HostRoleControlPlane })
 }
 
+// allHostsOf maps a tenant to all its Hosts.
+func (r *HostReconciler) allHostsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.hostsOf(ctx, o, func(apiary.HostRole) bool { return true })
+}
+
 // hostsOf maps a tenant to its Hosts of the roles wanted.
 func (r *HostReconciler) hostsOf(ctx context.Context, o client.Object, wanted func(apiary.HostRole) bool) []reconcile.Request {
 	var list apiary.HostList

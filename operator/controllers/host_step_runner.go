@@ -190,6 +190,9 @@ func mergeStepResult(cur, before, after *apiary.HostStatus) {
 	takeChanged(&cur.BootstrapTokenID, before.BootstrapTokenID, after.BootstrapTokenID)
 	takeChanged(&cur.Version, before.Version, after.Version)
 	takeChanged(&cur.UpgradingTo, before.UpgradingTo, after.UpgradingTo)
+	if !equality.Semantic.DeepEqual(after.CA, before.CA) {
+		cur.CA = after.CA.DeepCopy()
+	}
 	if !equality.Semantic.DeepEqual(after.Facts, before.Facts) {
 		cur.Facts = after.Facts.DeepCopy()
 	}

@@ -200,7 +200,7 @@ func TestMergeStepResult(t *testing.T) {
 // the reconcile that runs the step: a field added to HostStatus must be
 // placed here, or a step's change to it would be lost.
 func TestMergeStepResultKnowsEveryField(t *testing.T) {
-	merged := []string{"Phase", "Conditions", "NodeName", "NodeUID", "BootstrapTokenID", "Version", "UpgradingTo", "Facts", "Journal"}
+	merged := []string{"Phase", "Conditions", "NodeName", "NodeUID", "BootstrapTokenID", "Version", "UpgradingTo", "CA", "Facts", "Journal"}
 	ownedByReconcile := []string{"ObservedGeneration", "HostKeyCheck"}
 	typ := reflect.TypeFor[apiary.HostStatus]()
 	for i := range typ.NumField() {
@@ -213,6 +213,7 @@ func TestMergeStepResultKnowsEveryField(t *testing.T) {
 	var before, cur apiary.HostStatus
 	after := apiary.HostStatus{
 		Phase: apiary.HostPhaseReady, NodeName: "n", NodeUID: "u", BootstrapTokenID: "t", Version: "v1.37.2", UpgradingTo: "v1.38.0",
+		CA:         &apiary.HostCA{Trust: "a", KubeletIssuer: "b"},
 		Facts:      &apiary.HostFacts{OS: "Debian"},
 		Conditions: []metav1.Condition{{Type: apiary.HostConditionJoined, Status: metav1.ConditionTrue}},
 		Journal:    []apiary.HostStep{{Name: StepJoin, Result: StepSucceeded}},

@@ -183,14 +183,16 @@ func (r *TenantControlPlaneReconciler) forgetTenant(uid types.UID) {
 
 // bootstrapTenant applies the tenant-side objects and sets
 // TenantBootstrapped.
-func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, server string) error {
+func (r *TenantControlPlaneReconciler) bootstrapTenant(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, server, rootCA string) error {
 	kubeconfig := cr.data[render.SecretOperatorKubeconfig][apiary.KubeconfigKey]
-	caPEM := cr.data[render.SecretCA][render.KeyTLSCert]
+	// cluster-info carries the bundle: a host joining mid-rotation trusts
+	// both CAs (kubeadm's discovery accepts a bundle holding the pinned one).
+	caPEM := cr.trust
 	if len(kubeconfig) == 0 || len(caPEM) == 0 {
 		r.setCondition(tcp, apiary.ConditionTenantBootstrapped, metav1.ConditionFalse, ReasonBootstrapFailed, errNoAdminKubeconfig.Error())
 		return errNoAdminKubeconfig
 	}
-	in := tenant.Inputs{TCP: tcp, Version: tcp.RunningVersion(), Server: server, CACert: caPEM, ImageRepository: r.ImageRepository}
+	in := tenant.Inputs{TCP: tcp, Version: tcp.RunningVersion(), Server: server, CACert: caPEM, RootCA: rootCA, ImageRepository: r.ImageRepository}
 	resync := r.BootstrapResync
 	if resync == 0 {
 		resync = DefaultBootstrapResync

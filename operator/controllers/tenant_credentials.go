@@ -22,6 +22,9 @@ func (r *TenantControlPlaneReconciler) issueBase(ctx context.Context, tcp *apiar
 	if err != nil {
 		return nil, err
 	}
+	if err := r.caTrust(ctx, tcp, cr, ca); err != nil {
+		return nil, err
+	}
 	frontProxyCA, err := cr.ca(ctx, render.SecretFrontProxyCA, render.FrontProxyCACommonName(tcp))
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -116,7 +117,7 @@ func (r *TenantControlPlaneReconciler) deleteNamespaced(ctx context.Context, tcp
 	// Delete the Secrets explicitly rather than leave them to the garbage
 	// collector: they hold credentials, and nothing should outlive the
 	// tenant even where garbage collection lags or is disabled.
-	for _, kind := range render.AllSecretKinds {
+	for _, kind := range append(slices.Clone(render.AllSecretKinds), render.SecretCANext) {
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: render.SecretName(tcp, kind), Namespace: tcp.Namespace}})
 	}
 	for _, obj := range objs {

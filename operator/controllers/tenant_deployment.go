@@ -18,13 +18,13 @@ import (
 // reconcileDeployment applies the control-plane Deployment and the
 // non-secret files it mounts (the egress configuration; the admission
 // configuration with the quota policy), and observes its replicas.
-func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ds *apiary.DataStore, dsCfg datastore.Config, ep render.Endpoint) (quotaState, error) {
+func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ds *apiary.DataStore, dsCfg datastore.Config, ep render.Endpoint) (quotaState, bool, error) {
 	if err := r.konnectivityConfigMap(ctx, tcp); err != nil {
-		return quotaState{}, err
+		return quotaState{}, false, err
 	}
 	quota := r.reconcileQuota(ctx, tcp, ds, dsCfg)
 	if err := r.applyAdmission(ctx, tcp, quota.exceeded); err != nil {
-		return quota, err
+		return quota, false, err
 	}
 	dep := render.Deployment(render.Inputs{
 		TCP:             tcp,
@@ -37,10 +37,9 @@ func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, 
 		HostsOnly:       hostsOnly(&tcp.Status),
 	})
 	if err := r.Client.Apply(ctx, dep, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-		return quota, fmt.Errorf("applying Deployment: %w", err)
+		return quota, false, fmt.Errorf("applying Deployment: %w", err)
 	}
-	r.observeDeployment(tcp, dep)
-	return quota, nil
+	return quota, r.observeDeployment(tcp, dep), nil
 }
 
 // konnectivityConfigMap applies the egress selector configuration the API
@@ -55,7 +54,9 @@ func (r *TenantControlPlaneReconciler) konnectivityConfigMap(ctx context.Context
 	return r.deleteOwned(ctx, tcp, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tcp.Namespace, Name: render.KonnectivityConfigMapName(tcp)}})
 }
 
-func (r *TenantControlPlaneReconciler) observeDeployment(tcp *apiary.TenantControlPlane, dep *appsv1ac.DeploymentApplyConfiguration) {
+// observeDeployment records the replicas and says whether the Deployment
+// runs only its current template.
+func (r *TenantControlPlaneReconciler) observeDeployment(tcp *apiary.TenantControlPlane, dep *appsv1ac.DeploymentApplyConfiguration) bool {
 	st := &tcp.Status
 	st.Selector = labels.SelectorFromSet(render.SelectorLabels(tcp)).String()
 	var replicas, ready, updated int32
@@ -78,9 +79,11 @@ func (r *TenantControlPlaneReconciler) observeDeployment(tcp *apiary.TenantContr
 	// The version runs once the rollout of the current template is complete:
 	// every pod left is of the new template and ready. readyReplicas alone
 	// counts old pods too, which serve until the Deployment removes them.
-	if rolledOutDeployment(observed, generation, replicas, updated, ready, *tcp.Spec.Replicas) {
+	rolled := rolledOutDeployment(observed, generation, replicas, updated, ready, *tcp.Spec.Replicas)
+	if rolled {
 		st.Version = targetVersion(tcp)
 	}
+	return rolled
 }
 
 // rolledOutDeployment says whether a Deployment runs only its current

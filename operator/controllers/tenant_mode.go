@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"strings"
 	"time"
 
@@ -471,7 +472,9 @@ func hostChangesTenant() predicate.Predicate {
 			return o.Spec.Role != n.Spec.Role || o.Spec.Address != n.Spec.Address || o.Status.Phase != n.Status.Phase ||
 				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
 				o.Status.Version != n.Status.Version || o.Status.UpgradingTo != n.Status.UpgradingTo ||
-				conditionReason(o.Status.Conditions, apiary.HostConditionUpToDate) != conditionReason(n.Status.Conditions, apiary.HostConditionUpToDate)
+				conditionReason(o.Status.Conditions, apiary.HostConditionUpToDate) != conditionReason(n.Status.Conditions, apiary.HostConditionUpToDate) ||
+				// A CA rotation moves on when its Hosts catch up.
+				!equality.Semantic.DeepEqual(o.Status.CA, n.Status.CA)
 		},
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/apiaryhq/apiary/hosts"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
-	"github.com/apiaryhq/apiary/pki"
 )
 
 // wantedHosts are the tenant's Hosts that should run its control plane:
@@ -91,13 +90,13 @@ func (r *TenantControlPlaneReconciler) driveHosts(ctx context.Context, tcp *apia
 	if err != nil {
 		return 0, "", err
 	}
-	configHash := hashFiles(manifests) + "." + hashFiles(files)[:16]
+	configHash := hostConfigHash(files, manifests)
 
 	// Probe what serves: a host that stops answering leaves the slice.
 	for i := range st.ControlPlaneHosts {
 		h := &st.ControlPlaneHosts[i]
 		if h.Step != apiary.HostStepStop && h.Result == resultSucceeded {
-			h.Serving = probeHost(ctx, in.ca, in.ep, h.Address) == nil
+			h.Serving = probeHost(ctx, in.cr.trust, in.ep, h.Address) == nil
 		}
 	}
 
@@ -279,7 +278,7 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 		h.Message = fmt.Sprintf("%d files written; waiting for kube-apiserver /readyz", written)
 		return 3 * time.Second, fmt.Sprintf("Host %s: control plane written, starting", h.Host), nil
 	}
-	if err := probeHost(ctx, in.ca, in.ep, h.Address); err != nil {
+	if err := probeHost(ctx, in.cr.trust, in.ep, h.Address); err != nil {
 		if now.Sub(h.Started.Time) > hostStartTimeout {
 			return fail(fmt.Errorf("kube-apiserver on %s did not answer /readyz within %s: %w", h.Address, hostStartTimeout, err))
 		}
@@ -336,9 +335,9 @@ func (r *TenantControlPlaneReconciler) dialHost(ctx context.Context, tcp *apiary
 
 // probeHost asks a host's kube-apiserver for /readyz at its own address,
 // verified as the endpoint (its serving certificate names the endpoint).
-func probeHost(ctx context.Context, ca *pki.KeyPair, ep render.Endpoint, address string) error {
+func probeHost(ctx context.Context, trust []byte, ep render.Endpoint, address string) error {
 	// One host, no load balancer: its refusal is final.
-	return getReadyz(ctx, ca, ep.Host, "https://"+net.JoinHostPort(address, strconv.Itoa(int(ep.Port))), 1)
+	return getReadyz(ctx, trust, ep.Host, "https://"+net.JoinHostPort(address, strconv.Itoa(int(ep.Port))), 1)
 }
 
 // rewriteFiles writes changed files (no manifest) to a serving host.
@@ -352,6 +351,11 @@ func (r *TenantControlPlaneReconciler) rewriteFiles(ctx context.Context, tcp *ap
 		return fmt.Errorf("Host %s: %w", h.Host, err)
 	}
 	return nil
+}
+
+// hostConfigHash is the ConfigHash of what a control-plane host runs.
+func hostConfigHash(files, manifests []render.HostFile) string {
+	return hashFiles(manifests) + "." + hashFiles(files)[:16]
 }
 
 // manifestsOf is the manifests' part of a ConfigHash.

@@ -17,7 +17,6 @@ import (
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/render"
-	"github.com/apiaryhq/apiary/pki"
 )
 
 // readyPrerequisites are the conditions Ready summarizes besides the probe
@@ -38,20 +37,20 @@ func (a apiState) answering() bool { return a.notTrue == "" && a.err == nil }
 // probeTenantAPI asks the tenant API for /readyz through its public
 // endpoint, verified against the tenant CA, once everything it needs is in
 // place.
-func (r *TenantControlPlaneReconciler) probeTenantAPI(ctx context.Context, tcp *apiary.TenantControlPlane, ca *pki.KeyPair, ep render.Endpoint) apiState {
+func (r *TenantControlPlaneReconciler) probeTenantAPI(ctx context.Context, tcp *apiary.TenantControlPlane, trust []byte, ep render.Endpoint) apiState {
 	for _, c := range readyPrerequisites {
 		if !meta.IsStatusConditionTrue(tcp.Status.Conditions, c) {
 			return apiState{notTrue: c}
 		}
 	}
-	return apiState{err: probeAPI(ctx, ca, ep)}
+	return apiState{err: probeAPI(ctx, trust, ep)}
 }
 
 // reconcileBootstrap applies what kubeadm join and the nodes need inside the
 // tenant, once its API answers. Over quota the tenant refuses the applies
 // too: a tenant bootstrapped before keeps what it has until it is back
 // under. It returns the bootstrap's error.
-func (r *TenantControlPlaneReconciler) reconcileBootstrap(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ep render.Endpoint, api apiState, overQuota bool) error {
+func (r *TenantControlPlaneReconciler) reconcileBootstrap(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ep render.Endpoint, api apiState, overQuota bool, rootCA string) error {
 	if !api.answering() {
 		// TenantBootstrapped keeps what it last said: what was applied is
 		// still there while the API is away.
@@ -61,7 +60,7 @@ func (r *TenantControlPlaneReconciler) reconcileBootstrap(ctx context.Context, t
 		log.FromContext(ctx).V(1).Info("tenant over its datastore quota: bootstrap not re-applied")
 		return nil
 	}
-	if err := r.bootstrapTenant(ctx, tcp, cr, ep.URL()); err != nil {
+	if err := r.bootstrapTenant(ctx, tcp, cr, ep.URL(), rootCA); err != nil {
 		log.FromContext(ctx).Info("tenant bootstrap failed", "error", err.Error())
 		return err
 	}
@@ -125,19 +124,18 @@ func (r *TenantControlPlaneReconciler) backoff(tcp *apiary.TenantControlPlane, c
 	return ctrl.Result{RequeueAfter: time.Second}
 }
 
-func probeAPI(ctx context.Context, ca *pki.KeyPair, ep render.Endpoint) error {
-	return getReadyz(ctx, ca, "", ep.URL(), readyzAttempts)
+func probeAPI(ctx context.Context, trust []byte, ep render.Endpoint) error {
+	return getReadyz(ctx, trust, "", ep.URL(), readyzAttempts)
 }
 
 // getReadyz asks base+"/readyz" for 200, trusting only the tenant CA;
 // serverName, when set, is the name the certificate must carry (a host
 // probed at its own address serves the endpoint's certificate).
-func getReadyz(ctx context.Context, ca *pki.KeyPair, serverName, base string, attempts int) error {
-	if ca == nil {
+func getReadyz(ctx context.Context, trust []byte, serverName, base string, attempts int) error {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(trust) {
 		return fmt.Errorf("no tenant CA")
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
 	// A new connection per attempt: behind a load balancer, a refusal
 	// comes from one replica. A replica that is shutting down answers
 	// /readyz with 500 on purpose, and the load balancer may still pick it

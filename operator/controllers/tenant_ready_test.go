@@ -64,7 +64,7 @@ func TestGetReadyzAsksARefusalAgain(t *testing.T) {
 	// A replica shutting down refused twice; the third connection reached
 	// one that serves.
 	ca, url, requests, conns := readyzServer(t, 2)
-	if err := getReadyz(ctx, ca, "", url, readyzAttempts); err != nil {
+	if err := getReadyz(ctx, ca.CertPEM(), "", url, readyzAttempts); err != nil {
 		t.Errorf("two refusals, then 200: %v", err)
 	}
 	if requests.Load() != 3 || conns.Load() != 3 {
@@ -72,20 +72,20 @@ func TestGetReadyzAsksARefusalAgain(t *testing.T) {
 	}
 	// Refused every time: the refusal counts.
 	ca, url, requests, _ = readyzServer(t, 100)
-	if err := getReadyz(ctx, ca, "", url, readyzAttempts); err == nil || !strings.Contains(err.Error(), "500") {
+	if err := getReadyz(ctx, ca.CertPEM(), "", url, readyzAttempts); err == nil || !strings.Contains(err.Error(), "500") {
 		t.Errorf("always refused: %v, want the 500", err)
 	} else if requests.Load() != readyzAttempts {
 		t.Errorf("%d requests, want %d", requests.Load(), readyzAttempts)
 	}
 	// A single host's refusal is final.
 	ca, url, requests, _ = readyzServer(t, 1)
-	if err := getReadyz(ctx, ca, "", url, 1); err == nil || requests.Load() != 1 {
+	if err := getReadyz(ctx, ca.CertPEM(), "", url, 1); err == nil || requests.Load() != 1 {
 		t.Errorf("one attempt: %v after %d requests, want the refusal after 1", err, requests.Load())
 	}
 	// Another CA's server is refused at once, not asked again.
 	_, url, requests, _ = readyzServer(t, 0)
 	other, _ := pki.NewCA("other")
-	if err := getReadyz(ctx, other, "", url, readyzAttempts); err == nil || requests.Load() != 0 {
+	if err := getReadyz(ctx, other.CertPEM(), "", url, readyzAttempts); err == nil || requests.Load() != 0 {
 		t.Errorf("server of another CA: %v after %d requests, want a TLS error before any", err, requests.Load())
 	}
 }

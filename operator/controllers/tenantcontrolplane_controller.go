@@ -316,7 +316,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 
 	// 5. Deployment, and the non-secret files it mounts: the egress
 	// configuration, and the admission configuration with the quota policy.
-	quota, err := r.reconcileDeployment(ctx, tcp, cr, ds, dsCfg, ep)
+	quota, depRolled, err := r.reconcileDeployment(ctx, tcp, cr, ds, dsCfg, ep)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -338,14 +338,22 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	}
 
 	// 7. The tenant API, probed through its endpoint.
-	api := r.probeTenantAPI(ctx, tcp, ca, ep)
+	api := r.probeTenantAPI(ctx, tcp, cr.trust, ep)
 
 	// 8. What kubeadm join and the nodes need inside the tenant.
-	bootstrapErr := r.reconcileBootstrap(ctx, tcp, cr, ep, api, quota.exceeded != nil)
+	caObs := caObserved{controlPlane: r.controlPlaneLag(tcp, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded}, depRolled)}
+	r.observeCA(ctx, tcp, cr, api, &caObs)
+	bootstrapErr := r.reconcileBootstrap(ctx, tcp, cr, ep, api, quota.exceeded != nil, rootCAInput(tcp))
+
+	// A CA rotation moves on once everything caught up with its phase.
+	caNext, err := r.advanceCA(ctx, tcp, cr, ca, caObs)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 
 	// 9. Ready: a summary of the above.
 	result := r.summarizeReady(tcp, ep, api, bootstrapErr)
-	for _, next := range []time.Duration{modeNext, versionNext} {
+	for _, next := range []time.Duration{modeNext, versionNext, caNext} {
 		if next > 0 && (result.RequeueAfter == 0 || next < result.RequeueAfter) {
 			result.RequeueAfter = next
 		}
