@@ -295,6 +295,13 @@ func FormatDetail(tcp *apiaryv1alpha1.TenantControlPlane, now time.Time) string 
 		}
 		fmt.Fprintf(w, "  rotation %s: requested %s ago, %s\n", cell(rot.Token), age(rot.Requested, now), done)
 	}
+	if rot := tcp.Status.CARotation; rot != nil {
+		if rot.Completed != nil {
+			fmt.Fprintf(w, "  CA rotation %s: requested %s ago, completed %s ago\n", cell(rot.Token), age(rot.Requested, now), age(*rot.Completed, now))
+		} else {
+			fmt.Fprintf(w, "  CA rotation %s: requested %s ago, phase %s for %s: %s\n", cell(rot.Token), age(rot.Requested, now), cell(rot.Phase), age(rot.PhaseStarted, now), cell(rot.Message))
+		}
+	}
 	if len(tcp.Status.Certificates) == 0 {
 		fmt.Fprintln(w, "  (none issued yet)")
 	} else {

@@ -664,3 +664,58 @@ func TestCertsRotate(t *testing.T) {
 		}
 	})
 }
+
+// TestCertsRotateCA: "apiary certs rotate --ca" asks (naming what it
+// costs), sets apiary.dev/rotate-ca, follows status.caRotation phase by
+// phase, and refuses a second request while a rotation is under way.
+func TestCertsRotateCA(t *testing.T) {
+	e := environment(t)
+	const ns = "rotca"
+	e.namespace(t, ns)
+	kubeconfig := e.writeKubeconfig(t, e.kubeconfig, ns)
+	ctx := context.Background()
+	e.tenant(t, ns, "dev", apiaryv1alpha1.TenantControlPlaneStatus{Conditions: readyConditions(), Phase: apiaryv1alpha1.PhaseReady, Mode: apiaryv1alpha1.ModeStandalone})
+	get := func() *apiaryv1alpha1.TenantControlPlane {
+		t.Helper()
+		var tcp apiaryv1alpha1.TenantControlPlane
+		if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dev"}, &tcp); err != nil {
+			t.Fatal(err)
+		}
+		return &tcp
+	}
+	code, stdout, stderr := apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "dev", "--ca")
+	if code == 0 || !strings.Contains(stdout, "Replace the cluster CA of tenant rotca/dev") || !strings.Contains(stdout, "kubeconfigs exported before stop working") || !strings.Contains(stderr, "not rotated") {
+		t.Errorf("not confirmed: exit %d, stdout %q", code, stdout)
+	}
+	if _, ok := get().Annotations[apiaryv1alpha1.AnnotationRotateCA]; ok {
+		t.Error("annotation set without confirmation")
+	}
+	code, stdout, stderr = apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "dev", "--ca", "--yes", "--wait", "2s")
+	if code == 0 || !strings.Contains(stderr, "CA rotation") || !strings.Contains(stderr, "not completed after 2s") {
+		t.Errorf("--wait with no operator answering: exit %d, stderr %q", code, stderr)
+	}
+	tcp := get()
+	token := tcp.Annotations[apiaryv1alpha1.AnnotationRotateCA]
+	if token == "" || !strings.Contains(stdout, "CA rotation "+token+" requested") {
+		t.Fatalf("annotation %q, stdout %q", token, stdout)
+	}
+	if _, ok := tcp.Annotations[apiaryv1alpha1.AnnotationRotateCertificates]; ok {
+		t.Error("--ca also asked for a leaf rotation")
+	}
+	// The operator's answer: under way, then the CLI refuses another.
+	now := metav1.Now()
+	tcp.Status.CARotation = &apiaryv1alpha1.CARotation{Token: token, Requested: now, Phase: apiaryv1alpha1.CARotationReissue, PhaseStarted: now, Message: "waits for Hosts w1"}
+	if err := e.client.Status().Update(ctx, tcp); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = apiary(t, "--kubeconfig", kubeconfig, "certs", "rotate", "dev", "--ca", "--yes")
+	if code == 0 || !strings.Contains(stderr, "is under way (phase Reissue)") {
+		t.Errorf("a second request during a rotation: exit %d, stderr %q", code, stderr)
+	}
+	if again := get().Annotations[apiaryv1alpha1.AnnotationRotateCA]; again != token {
+		t.Errorf("the annotation changed during a rotation: %q", again)
+	}
+	code, stdout, _ = apiary(t, "--kubeconfig", kubeconfig, "status", "dev")
+	mustContain(t, "status", stdout, "CA rotation "+token, "phase Reissue", "waits for Hosts w1")
+	_ = code
+}
