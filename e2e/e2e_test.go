@@ -172,8 +172,10 @@ func (e *env) testIsolation(t *testing.T) {
 // 500 on purpose while a replica drains) and counts failures and the
 // longest outage.
 type poller struct {
-	url                 string
-	hc                  *http.Client
+	url string
+	hc  *http.Client
+	// follow, when set, gives the client of each request instead of hc.
+	follow              *kubeconfigFollower
 	ok, failed          atomic.Int64
 	mu                  sync.Mutex
 	firstFail, lastGood time.Time
@@ -234,8 +236,12 @@ func (p *poller) run(ctx context.Context) {
 		p.mu.Unlock()
 	}()
 	for ctx.Err() == nil {
+		hc := p.hc
+		if p.follow != nil {
+			hc = p.follow.client()
+		}
 		sent := time.Now()
-		resp, err := p.hc.Get(p.url)
+		resp, err := hc.Get(p.url)
 		now := time.Now()
 		good := err == nil && resp.StatusCode == http.StatusOK
 		if resp != nil {

@@ -425,6 +425,8 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	cancel()
 	<-done
 	p.verdict(t, "minor upgrade", "during the upgrade")
+	// The same tenant, Hosts and workload: its CA replaced.
+	t.Run("RotatesItsCA", func(t *testing.T) { e.testCARotation(t, name, hostNames, kc) })
 }
 
 // upgradingDone says whether every Host runs version, uncordoned, with its

@@ -1,0 +1,358 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/cli"
+	"github.com/apiaryhq/apiary/e2e/framework"
+	"github.com/apiaryhq/apiary/internal/testenv"
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/controllers"
+	"github.com/apiaryhq/apiary/operator/render"
+	"github.com/apiaryhq/apiary/pki"
+)
+
+// testCARotation (issue 12, CA rotation): "apiary certs rotate --ca" on a
+// tenant with two worker Hosts and a workload on each. Throughout, a
+// client that takes the admin kubeconfig again whenever it changes (as a
+// user who exports it again) polls /version, and kubectl logs and exec
+// reach the web pod on each Node (API server → konnectivity → kubelet,
+// both ends verified). After it: the tenant, its Hosts and the addons hold
+// only the new CA, the Nodes are Ready with kubelet certificates of it, a
+// kubeconfig exported before is refused (its CA is not the server's) and
+// its client certificate is refused even by a client that trusts the new
+// CA (401).
+func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBefore string) {
+	tcp := e.TCP(t, name)
+	caBefore := tenantSecret(t, e, tcp, render.SecretCA)[render.KeyTLSCert]
+	adminBefore := tenantSecret(t, e, tcp, render.SecretAdminKubeconfig)[apiary.KubeconfigKey]
+	ctx, cancel := context.WithCancel(e.Ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+
+	// The admin kubeconfig as the Secret has it now, in a file for
+	// kubectl and a client for the poller.
+	follow := newKubeconfigFollower(t, e, name)
+	p := &poller{url: tcp.Status.Endpoint + "/version", follow: follow}
+	wg.Add(2)
+	go func() { defer wg.Done(); follow.run(ctx) }()
+	go func() { defer wg.Done(); p.run(ctx) }()
+
+	// logs and exec on each Node's web pod, one after the other.
+	tc := e.tenantClient(t, kcBefore)
+	pods, err := readyPods(e.Ctx, tc, upgradeWorkloadNS, "app=web")
+	if err != nil || len(pods) != 2 {
+		t.Fatalf("%d ready web pods (%v), want 2", len(pods), err)
+	}
+	probe := &kubeletProbe{}
+	wg.Add(1)
+	go func() { defer wg.Done(); probe.run(ctx, follow, pods) }()
+
+	var out, errOut strings.Builder
+	cmd := cli.NewCertsCommand(&cli.ConfigFlags{Kubeconfig: e.Kubeconfig, Namespace: framework.TenantsNS})
+	cmd.SetArgs([]string{"rotate", name, "--ca", "--yes", "--wait", "15m"})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	start := time.Now()
+	if err := cmd.ExecuteContext(e.Ctx); err != nil {
+		t.Fatalf("apiary certs rotate --ca: %v\n%s%s\nstatus.caRotation: %+v", err, out.String(), errOut.String(), e.TCP(t, name).Status.CARotation)
+	}
+	took := time.Since(start)
+	t.Logf("apiary certs rotate %s --ca --yes --wait 15m (%s):\n%s", name, took.Round(time.Second), out.String())
+	// A little more polling on the final state.
+	time.Sleep(3 * time.Second)
+	cancel()
+	wg.Wait()
+
+	rot := e.TCP(t, name).Status.CARotation
+	t.Logf("FIGURE CA rotation of %s (2 replicas, 2 worker Hosts): %s; %s", name, took.Round(time.Second), caPhaseEvents(t, e, name))
+	p.verdict(t, "CA rotation", "during the CA rotation")
+	probe.verdict(t)
+
+	// What holds what now.
+	tcp = e.TCP(t, name)
+	caAfter := tenantSecret(t, e, tcp, render.SecretCA)[render.KeyTLSCert]
+	trust := tenantSecret(t, e, tcp, render.SecretCATrust)[render.KeyCACert]
+	if string(caAfter) == string(caBefore) {
+		t.Fatal("the tenant CA did not change")
+	}
+	if pki.Fingerprint(trust) != pki.Fingerprint(caAfter) {
+		t.Errorf("the trust bundle holds %d certificates, want the new CA alone", strings.Count(string(trust), "BEGIN CERTIFICATE"))
+	}
+	if rot.Trust != pki.Fingerprint(caAfter) || rot.KubeletIssuer != pki.Fingerprint(caAfter) || rot.Phase != apiary.CARotationCompleted {
+		t.Errorf("status.caRotation %+v, want Completed with trust and kubelet issuer %s", rot, pki.Fingerprint(caAfter))
+	}
+	for _, hn := range hostNames {
+		h := e.host(t, hn)
+		if h.Status.CA == nil || h.Status.CA.Trust != rot.Trust || h.Status.CA.KubeletIssuer != rot.KubeletIssuer {
+			t.Errorf("Host %s status.ca %+v, want trust and kubelet issuer %s", hn, h.Status.CA, rot.Trust)
+		}
+		var steps []string
+		for _, st := range h.Status.Journal {
+			if strings.HasPrefix(st.Name, "ca-") && st.Finished != nil {
+				steps = append(steps, fmt.Sprintf("%s %s (%d attempt(s))", st.Name, st.Finished.Sub(st.Started.Time).Round(100*time.Millisecond), st.Attempts))
+			}
+		}
+		t.Logf("FIGURE Host %s, last CA steps: %s", hn, strings.Join(steps, ", "))
+	}
+	newCA := x509.NewCertPool()
+	newCA.AppendCertsFromPEM(caAfter)
+	kcAfter := e.ExportKubeconfig(t, name)
+	tcAfter := e.tenantClient(t, kcAfter)
+	nodes, err := tcAfter.CoreV1().Nodes().List(e.Ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("the new kubeconfig: %v", err)
+	}
+	for _, n := range nodes.Items {
+		if !nodeReady(&n) {
+			t.Errorf("Node %s not Ready after the rotation", n.Name)
+		}
+	}
+	// Every kubelet serves a certificate of the new CA: the API server,
+	// which trusts the new CA alone, reached both for logs above; and the
+	// addons restarted to read the new bundle.
+	for _, a := range []struct{ ns, name string }{{"kube-system", "kube-proxy"}, {"kube-system", "konnectivity-agent"}} {
+		ds, err := tcAfter.AppsV1().DaemonSets(a.ns).Get(e.Ctx, a.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ds.Spec.Template.Annotations["apiary.dev/root-ca"]; got != rot.Trust {
+			t.Errorf("DaemonSet %s/%s's pods carry root CA %q, want %s", a.ns, a.name, got, rot.Trust)
+		}
+	}
+	cm, err := tcAfter.CoreV1().ConfigMaps("kube-system").Get(e.Ctx, "kube-root-ca.crt", metav1.GetOptions{})
+	if err != nil || pki.Fingerprint([]byte(cm.Data["ca.crt"])) != rot.Trust {
+		t.Errorf("kube-root-ca.crt inside the tenant holds %q (%v), want the new CA alone", pki.Fingerprint([]byte(cm.Data["ca.crt"])), err)
+	}
+	// The old admin kubeconfig: its CA is not the server's any more.
+	if out, err := framework.KubectlErr(kcBefore, "get", "namespaces"); err == nil || !strings.Contains(out, "certificate") {
+		t.Errorf("a kubeconfig exported before the rotation still works or fails for another reason: %v: %s", err, out)
+	} else {
+		t.Logf("the kubeconfig exported before: %s", firstLine(strings.TrimSpace(out)))
+	}
+	// Its client certificate, presented by a client that trusts the new
+	// CA: refused (401), as every certificate of the old CA is.
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(adminBefore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.CAData = caAfter
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cs.CoreV1().Namespaces().List(e.Ctx, metav1.ListOptions{})
+	var status interface{ Status() metav1.Status }
+	if !errors.As(err, &status) || status.Status().Code != http.StatusUnauthorized {
+		t.Errorf("the old admin client certificate, trusting the new CA: %v, want 401 Unauthorized", err)
+	}
+	if !e.eventNoteContains(t, name, controllers.ReasonCARotated, "completed") {
+		t.Error("no CARotated event")
+	}
+}
+
+// caPhaseEvents lists when each phase of the last rotation began.
+func caPhaseEvents(t *testing.T, e *env, name string) string {
+	rot := e.TCP(t, name).Status.CARotation
+	if rot == nil {
+		return "no rotation"
+	}
+	return fmt.Sprintf("requested %s, completed %s", rot.Requested.Format(time.TimeOnly), rot.Completed.Format(time.TimeOnly))
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// kubeconfigFollower keeps the tenant's admin kubeconfig as its Secret has
+// it now: in a file (for kubectl) and as an HTTP client.
+type kubeconfigFollower struct {
+	e    *env
+	t    *testing.T
+	name string
+	path string
+	mu   sync.Mutex
+	raw  []byte
+	hc   *http.Client
+}
+
+func newKubeconfigFollower(t *testing.T, e *env, name string) *kubeconfigFollower {
+	f := &kubeconfigFollower{e: e, t: t, name: name, path: filepath.Join(t.TempDir(), name+".kubeconfig")}
+	if err := f.refresh(); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *kubeconfigFollower) refresh() error {
+	var s corev1.Secret
+	if err := f.e.C.Get(f.e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: f.name + "-admin-kubeconfig"}, &s); err != nil {
+		return err
+	}
+	raw := s.Data[apiary.KubeconfigKey]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if string(raw) == string(f.raw) {
+		return nil
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(raw)
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return err
+	}
+	tmp := f.path + ".tmp"
+	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, f.path); err != nil {
+		return err
+	}
+	f.raw = raw
+	f.hc = &http.Client{Timeout: framework.RequestTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg.Clone(), DisableKeepAlives: true}}
+	return nil
+}
+
+func (f *kubeconfigFollower) client() *http.Client {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hc
+}
+
+// kubeconfig is a copy of the current kubeconfig file for one command.
+func (f *kubeconfigFollower) kubeconfig() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.path
+}
+
+func (f *kubeconfigFollower) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		_ = f.refresh()
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// kubeletProbe runs kubectl logs and exec on each pod, a loop per Node,
+// and keeps per Node the longest time without a success, the failures and
+// the slowest call (a call is cut after kubeletCallTimeout).
+type kubeletProbe struct {
+	mu       sync.Mutex
+	ok       int
+	failed   int
+	longest  map[string]time.Duration
+	slowest  map[string]time.Duration
+	failures []string
+}
+
+// kubeletCallTimeout bounds one kubectl logs or exec.
+const kubeletCallTimeout = 10 * time.Second
+
+func (k *kubeletProbe) run(ctx context.Context, f *kubeconfigFollower, pods []corev1.Pod) {
+	k.longest, k.slowest = map[string]time.Duration{}, map[string]time.Duration{}
+	bin, err := testenv.KubeBinary("kubectl")
+	if err != nil {
+		k.failures = append(k.failures, err.Error())
+		return
+	}
+	var wg sync.WaitGroup
+	for _, p := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node, lastGood := p.Spec.NodeName, time.Now()
+			for ctx.Err() == nil {
+				for _, args := range [][]string{
+					{"-n", p.Namespace, "logs", p.Name, "--tail=1"},
+					{"-n", p.Namespace, "exec", p.Name, "--", "true"},
+				} {
+					callCtx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
+					sent := time.Now()
+					out, err := exec.CommandContext(callCtx, bin, append([]string{"--kubeconfig", f.kubeconfig(), "--request-timeout=10s"}, args...)...).CombinedOutput()
+					cancel()
+					if ctx.Err() != nil {
+						return
+					}
+					now := time.Now()
+					k.mu.Lock()
+					k.slowest[node] = max(k.slowest[node], now.Sub(sent))
+					if err == nil {
+						k.ok++
+						k.longest[node] = max(k.longest[node], now.Sub(lastGood))
+						lastGood = now
+					} else {
+						k.failed++
+						if len(k.failures) < 12 {
+							k.failures = append(k.failures, fmt.Sprintf("%s %s %s after %s: %v: %s", sent.Format("15:04:05.000"), args[2], node,
+								now.Sub(sent).Round(10*time.Millisecond), err, firstLine(strings.TrimSpace(string(out)))))
+						}
+					}
+					k.mu.Unlock()
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(300 * time.Millisecond):
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// verdict: a kubelet restart (each Host's CA steps restart it twice) is
+// a second or two in which its Node's logs and exec cannot be served, and
+// a replaced API server pod cuts the streams it serves: those failures
+// are listed and the time a Node goes without a working logs or exec is
+// bounded by maxKubeletGap.
+func (k *kubeletProbe) verdict(t *testing.T) {
+	t.Helper()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t.Logf("FIGURE CA rotation: kubectl logs/exec %d OK, %d failed; longest time without a success per Node %v; slowest call per Node %v",
+		k.ok, k.failed, k.longest, k.slowest)
+	for _, f := range k.failures {
+		t.Logf("kubectl logs/exec failure: %s", f)
+	}
+	if k.ok == 0 {
+		t.Error("no kubectl logs or exec succeeded")
+	}
+	for node, gap := range k.longest {
+		if gap > maxKubeletGap {
+			t.Errorf("Node %s: kubectl logs/exec failed for %s in a row, want at most %s", node, gap.Round(100*time.Millisecond), maxKubeletGap)
+		}
+	}
+}
+
+// maxKubeletGap bounds the time logs and exec to one Node may fail: the
+// kubelet restarts of its CA steps, and the serving certificate's CSR.
+const maxKubeletGap = 15 * time.Second
