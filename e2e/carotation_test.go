@@ -11,12 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -171,13 +173,33 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 	}
 }
 
-// caPhaseEvents lists when each phase of the last rotation began.
+// caPhaseEvents says when each phase of the last rotation began, from
+// the tenant's events, as offsets from its start.
 func caPhaseEvents(t *testing.T, e *env, name string) string {
-	rot := e.TCP(t, name).Status.CARotation
-	if rot == nil {
-		return "no rotation"
+	var list eventsv1.EventList
+	if err := e.C.List(e.Ctx, &list, client.InNamespace(framework.TenantsNS)); err != nil {
+		return err.Error()
 	}
-	return fmt.Sprintf("requested %s, completed %s", rot.Requested.Format(time.TimeOnly), rot.Completed.Format(time.TimeOnly))
+	type mark struct {
+		at   time.Time
+		what string
+	}
+	var marks []mark
+	for _, ev := range list.Items {
+		if ev.Regarding.Name != name || !strings.HasPrefix(ev.Reason, "CARotat") {
+			continue
+		}
+		marks = append(marks, mark{ev.EventTime.Time, ev.Reason})
+	}
+	slices.SortFunc(marks, func(a, b mark) int { return a.at.Compare(b.at) })
+	if len(marks) == 0 {
+		return "no rotation events"
+	}
+	var out []string
+	for _, m := range marks {
+		out = append(out, fmt.Sprintf("%s at %s", m.what, m.at.Sub(marks[0].at).Round(100*time.Millisecond)))
+	}
+	return strings.Join(out, ", ")
 }
 
 func nodeReady(n *corev1.Node) bool {

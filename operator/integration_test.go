@@ -671,7 +671,7 @@ func (s *suite) testCertificateLifetime(t *testing.T) {
 	for kind, sec := range after {
 		same := maps.EqualFunc(before[kind].Data, sec.Data, bytes.Equal)
 		switch kind {
-		case render.SecretCA, render.SecretFrontProxyCA, render.SecretServiceAccount:
+		case render.SecretCA, render.SecretCATrust, render.SecretFrontProxyCA, render.SecretServiceAccount:
 			if !same {
 				t.Errorf("Secret %s changed in a rotation of the leaves", kind)
 			}
@@ -696,7 +696,7 @@ func (s *suite) testCertificateLifetime(t *testing.T) {
 	// Each leaf's Secret carries the token it was issued under.
 	for kind, sec := range after {
 		switch kind {
-		case render.SecretCA, render.SecretFrontProxyCA, render.SecretServiceAccount:
+		case render.SecretCA, render.SecretCATrust, render.SecretFrontProxyCA, render.SecretServiceAccount:
 		default:
 			if sec.Annotations["apiary.dev/rotation"] != "first" {
 				t.Errorf("Secret %s annotations %v, want apiary.dev/rotation: first", kind, sec.Annotations)

@@ -41,10 +41,12 @@ import (
 	"github.com/apiaryhq/apiary/tenant"
 )
 
-// Events of a CA rotation.
+// Events of a CA rotation, one reason per phase: events.k8s.io merges an
+// object's events of one reason into a series that keeps the first note.
 const (
 	ReasonCARotationStarted = "CARotationStarted"
-	ReasonCARotationPhase   = "CARotationPhase"
+	ReasonCARotationReissue = "CARotationReissue"
+	ReasonCARotationDropOld = "CARotationDropOld"
 	ReasonCARotated         = "CARotated"
 )
 
@@ -212,9 +214,9 @@ func (r *TenantControlPlaneReconciler) advanceCA(ctx context.Context, tcp *apiar
 			"rotation %q: a new cluster CA is trusted alongside the old one, then issues every certificate, then the old one is dropped", token)
 		rot, started = st.CARotation, true
 	}
-	enter := func(phase, msg string) {
+	enter := func(phase, reason, msg string) {
 		rot.Phase, rot.PhaseStarted, rot.Message = phase, now, msg
-		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, ReasonCARotationPhase, "RotateCA", "rotation %q: %s: %s", rot.Token, phase, msg)
+		r.Recorder.Eventf(tcp, nil, corev1.EventTypeNormal, reason, "RotateCA", "rotation %q: %s: %s", rot.Token, phase, msg)
 	}
 	// Once the tenant publishes the current bundle to its pods, the
 	// addons restart to read it (the next bootstrap).
@@ -259,7 +261,7 @@ func (r *TenantControlPlaneReconciler) advanceCA(ctx context.Context, tcp *apiar
 		delete(cr.byKind, render.SecretCANext)
 		delete(cr.data, render.SecretCANext)
 		rot.KubeletIssuer = ""
-		enter(apiary.CARotationReissue, "the new CA issues: every leaf certificate is re-issued and the control plane rolls; then each Host's kubelet gets new certificates")
+		enter(apiary.CARotationReissue, ReasonCARotationReissue, "the new CA issues: every leaf certificate is re-issued and the control plane rolls; then each Host's kubelet gets new certificates")
 		return time.Millisecond, nil
 	case apiary.CARotationReissue:
 		rot.Trust = pki.Fingerprint(cr.trust)
@@ -284,7 +286,7 @@ func (r *TenantControlPlaneReconciler) advanceCA(ctx context.Context, tcp *apiar
 		}
 		cr.trust = ca.CertPEM()
 		rot.Trust = pki.Fingerprint(cr.trust)
-		enter(apiary.CARotationDropOld, "only the new CA is trusted: the control plane, the addons and each Host take the bundle without the old CA")
+		enter(apiary.CARotationDropOld, ReasonCARotationDropOld, "only the new CA is trusted: the control plane, the addons and each Host take the bundle without the old CA")
 		return time.Millisecond, nil
 	case apiary.CARotationDropOld:
 		rot.Trust = pki.Fingerprint(cr.trust)

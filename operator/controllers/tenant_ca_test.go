@@ -186,7 +186,7 @@ func TestCARotationPhases(t *testing.T) {
 	for len(rec.Events) > 0 {
 		reasons = append(reasons, strings.Fields(<-rec.Events)[1])
 	}
-	if got := strings.Join(reasons, ","); got != "CARotationStarted,CARotationPhase,CARotationPhase,CARotated,CARotationStarted" {
+	if got := strings.Join(reasons, ","); got != "CARotationStarted,CARotationReissue,CARotationDropOld,CARotated,CARotationStarted" {
 		t.Errorf("events %s", got)
 	}
 }
