@@ -163,8 +163,12 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	e.webWithPDB(t, tc, 1)
 	// Gone before the Hosts are removed (deferred earlier, so run later):
 	// the budget would hold the last web pod's eviction.
+	// With a client of the kubeconfig as it is then: RotatesItsCA
+	// replaces the CA, and a client made before it is refused (the
+	// workload stayed, its budget held the last Host's drain for its
+	// 2 minutes).
 	dropWorkload := func() {
-		_ = tc.CoreV1().Namespaces().Delete(context.Background(), upgradeWorkloadNS, metav1.DeleteOptions{})
+		_ = e.tenantClient(t, e.ExportKubeconfig(t, name)).CoreV1().Namespaces().Delete(context.Background(), upgradeWorkloadNS, metav1.DeleteOptions{})
 	}
 	defer dropWorkload()
 	framework.Eventually(t, "status.version "+from, time.Minute, func() error {
