@@ -213,15 +213,19 @@ func (r *HostReconciler) caTrustStep(ctx context.Context, h *apiary.Host, step *
 		msg += "; kubelet restarted with it in its kubeconfig"
 	}
 	r.succeedStep(step, msg)
-	h.Status.CA = &apiary.HostCA{Trust: rot.Trust, KubeletIssuer: caIssuerOf(h)}
+	held := heldOrNone(h)
+	held.Trust = rot.Trust
+	h.Status.CA = held
 	return ctrl.Result{}
 }
 
-func caIssuerOf(h *apiary.Host) string {
+// heldOrNone is a copy of what the Host records it holds (empty when
+// nothing), to change one field of.
+func heldOrNone(h *apiary.Host) *apiary.HostCA {
 	if h.Status.CA == nil {
-		return ""
+		return &apiary.HostCA{}
 	}
-	return h.Status.CA.KubeletIssuer
+	return h.Status.CA.DeepCopy()
 }
 
 // caKubeletStep gives the kubelet client and serving certificates of the
@@ -313,15 +317,10 @@ func (r *HostReconciler) caKubeletStep(ctx context.Context, h *apiary.Host, step
 	}
 	r.succeedStep(step, fmt.Sprintf("kubelet client and serving certificates of CA %s, through CSRs (client certificate after %s, serving certificate after %s)",
 		rot.KubeletIssuer, clientAfter.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond)))
-	st.CA = &apiary.HostCA{Trust: caTrustOf(h), KubeletIssuer: rot.KubeletIssuer}
+	held := heldOrNone(h)
+	held.KubeletIssuer = rot.KubeletIssuer
+	st.CA = held
 	return ctrl.Result{}
-}
-
-func caTrustOf(h *apiary.Host) string {
-	if h.Status.CA == nil {
-		return ""
-	}
-	return h.Status.CA.Trust
 }
 
 // tenantChangesCA passes a tenant change that asks its Hosts to hold

@@ -32,6 +32,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -60,10 +61,7 @@ const caRotationPoll = 3 * time.Second
 // not hold the CA (a new tenant, a CA re-issued because it was unreadable)
 // becomes the CA alone.
 func (r *TenantControlPlaneReconciler) caTrust(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ca *pki.KeyPair) error {
-	next, err := cr.caNext()
-	if err != nil {
-		return err
-	}
+	next := cr.caNext()
 	data, why := cr.existing(render.SecretCATrust)
 	have, _ := pki.ParseBundle(data[render.KeyCACert])
 	want := data[render.KeyCACert]
@@ -90,17 +88,17 @@ func (r *TenantControlPlaneReconciler) caTrust(ctx context.Context, tcp *apiary.
 
 // caNext reads the CA a rotation moves to (nil when there is none). An
 // unreadable one is left out: the rotation issues another (advanceCA).
-func (cr *credentials) caNext() (*pki.KeyPair, error) {
+func (cr *credentials) caNext() *pki.KeyPair {
 	data, _ := cr.existing(render.SecretCANext)
 	if data == nil {
-		return nil, nil
+		return nil
 	}
 	kp, err := pki.ParseKeyPair(data[render.KeyTLSCert], data[render.KeyTLSKey])
 	if err != nil || pki.CAProblem(kp.Cert, cr.now) != "" {
-		return nil, nil
+		return nil
 	}
 	cr.data[render.SecretCANext] = data
-	return kp, nil
+	return kp
 }
 
 // caObserved is what the rotation waits for, as seen in this reconcile.
@@ -144,48 +142,47 @@ func rootCAInput(tcp *apiary.TenantControlPlane) string {
 	return ""
 }
 
-// observeCA reads, during a CA rotation, what the tenant publishes to its
-// pods and whether its addons restarted with the current bundle.
-func (r *TenantControlPlaneReconciler) observeCA(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, api apiState, obs *caObserved) {
-	obs.rootCA, obs.rootCAErr = r.publishedRootCA(ctx, tcp, cr, api)
-	if caRotationActive(tcp) && api.answering() {
-		obs.addonsFor = pki.Fingerprint(cr.trust)
-		obs.addons = r.addonsLagging(ctx, tcp, cr, obs.addonsFor)
-		if tcp.Status.CARotation.Phase == apiary.CARotationReissue && tcp.Status.CARotation.KubeletIssuer == "" {
-			obs.signerSince = r.signerSince(ctx, tcp, cr)
+// caRotationWanted says whether a CA rotation runs or is asked for: only
+// then is what it waits for observed (the tenant reads below, and in
+// registered mode a render of the static Pods).
+func caRotationWanted(tcp *apiary.TenantControlPlane) bool {
+	token := tcp.Annotations[apiary.AnnotationRotateCA]
+	rot := tcp.Status.CARotation
+	return caRotationActive(tcp) || token != "" && (rot == nil || rot.Token != token)
+}
+
+// observeCA reads what a running rotation waits for: whether the control
+// plane runs the current credentials, the bundle the tenant publishes to
+// its pods, whether its addons restarted with the current bundle and, in
+// the Reissue phase, when the controller-manager lease last changed hands.
+func (r *TenantControlPlaneReconciler) observeCA(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, in modeInputs, depRolled bool, api apiState) caObserved {
+	var obs caObserved
+	if !caRotationWanted(tcp) {
+		return obs
+	}
+	obs.controlPlane = r.controlPlaneLag(tcp, in, depRolled)
+	if !caRotationActive(tcp) || !api.answering() {
+		return obs
+	}
+	tc, err := r.Tenants.For(tcp.UID, cr.data[render.SecretOperatorKubeconfig][apiary.KubeconfigKey])
+	if err != nil {
+		obs.rootCAErr = err
+		return obs
+	}
+	cs := tc.Clientset
+	if cm, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+		obs.rootCAErr = fmt.Errorf("reading kube-system/kube-root-ca.crt inside the tenant: %w", err)
+	} else {
+		obs.rootCA = pki.Fingerprint([]byte(cm.Data["ca.crt"]))
+	}
+	obs.addonsFor = pki.Fingerprint(cr.trust)
+	obs.addons = addonsLagging(ctx, cs, tcp, obs.addonsFor)
+	if rot := tcp.Status.CARotation; rot.Phase == apiary.CARotationReissue && rot.KubeletIssuer == "" {
+		if l, err := cs.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, "kube-controller-manager", metav1.GetOptions{}); err == nil && l.Spec.AcquireTime != nil {
+			obs.signerSince = l.Spec.AcquireTime.Time
 		}
 	}
-}
-
-// signerSince reads when the tenant's controller-manager lease last
-// changed hands (zero when unknown).
-func (r *TenantControlPlaneReconciler) signerSince(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials) time.Time {
-	tc, err := r.Tenants.For(tcp.UID, cr.data[render.SecretOperatorKubeconfig][apiary.KubeconfigKey])
-	if err != nil {
-		return time.Time{}
-	}
-	l, err := tc.Clientset.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, "kube-controller-manager", metav1.GetOptions{})
-	if err != nil || l.Spec.AcquireTime == nil {
-		return time.Time{}
-	}
-	return l.Spec.AcquireTime.Time
-}
-
-// publishedRootCA reads the CA bundle the tenant publishes to its pods,
-// during a rotation only.
-func (r *TenantControlPlaneReconciler) publishedRootCA(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, api apiState) (string, error) {
-	if !caRotationActive(tcp) || !api.answering() {
-		return "", nil
-	}
-	tc, err := r.Tenants.For(tcp.UID, cr.data[render.SecretOperatorKubeconfig][apiary.KubeconfigKey])
-	if err != nil {
-		return "", err
-	}
-	cm, err := tc.Clientset.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
-	if err != nil {
-		return "", fmt.Errorf("reading kube-system/kube-root-ca.crt inside the tenant: %w", err)
-	}
-	return pki.Fingerprint([]byte(cm.Data["ca.crt"])), nil
+	return obs
 }
 
 // advanceCA starts a CA rotation asked for with the apiary.dev/rotate-ca
@@ -227,11 +224,9 @@ func (r *TenantControlPlaneReconciler) advanceCA(ctx context.Context, tcp *apiar
 	}
 	switch rot.Phase {
 	case apiary.CARotationTrustNew:
-		next, err := cr.caNext()
-		if err != nil {
-			return 0, err
-		}
+		next := cr.caNext()
 		if next == nil {
+			var err error
 			if next, err = r.issueCANext(ctx, tcp, cr); err != nil {
 				return 0, err
 			}
@@ -252,7 +247,7 @@ func (r *TenantControlPlaneReconciler) advanceCA(ctx context.Context, tcp *apiar
 		if err != nil {
 			return 0, err
 		}
-		if err := cr.write(ctx, render.SecretCA, map[string][]byte{render.KeyTLSCert: next.CertPEM(), render.KeyTLSKey: keyPEM}, "CA rotation "+fmt.Sprintf("%q", rot.Token), false); err != nil {
+		if err := cr.write(ctx, render.SecretCA, map[string][]byte{render.KeyTLSCert: next.CertPEM(), render.KeyTLSKey: keyPEM}, fmt.Sprintf("CA rotation %q", rot.Token), false); err != nil {
 			return 0, err
 		}
 		if err := r.deleteOwned(ctx, tcp, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tcp.Namespace, Name: render.SecretName(tcp, render.SecretCANext)}}); err != nil {
@@ -281,7 +276,7 @@ func (r *TenantControlPlaneReconciler) advanceCA(ctx context.Context, tcp *apiar
 			rot.Message = "the old CA is dropped once " + why
 			return caRotationPoll, nil
 		}
-		if err := cr.write(ctx, render.SecretCATrust, map[string][]byte{render.KeyCACert: ca.CertPEM()}, "CA rotation "+fmt.Sprintf("%q", rot.Token)+": old CA dropped", false); err != nil {
+		if err := cr.write(ctx, render.SecretCATrust, map[string][]byte{render.KeyCACert: ca.CertPEM()}, fmt.Sprintf("CA rotation %q: old CA dropped", rot.Token), false); err != nil {
 			return 0, err
 		}
 		cr.trust = ca.CertPEM()
@@ -313,7 +308,7 @@ func (r *TenantControlPlaneReconciler) issueCANext(ctx context.Context, tcp *api
 	if err != nil {
 		return nil, err
 	}
-	if err := cr.write(ctx, render.SecretCANext, map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}, "CA rotation "+fmt.Sprintf("%q", tcp.Status.CARotation.Token), false); err != nil {
+	if err := cr.write(ctx, render.SecretCANext, map[string][]byte{render.KeyTLSCert: kp.CertPEM(), render.KeyTLSKey: keyPEM}, fmt.Sprintf("CA rotation %q", tcp.Status.CARotation.Token), false); err != nil {
 		return nil, err
 	}
 	return kp, nil
@@ -353,11 +348,7 @@ func (r *TenantControlPlaneReconciler) caLagging(ctx context.Context, tcp *apiar
 
 // addonsLagging names the addons whose pods have not all restarted with
 // the trust bundle (their AnnotationRootCA).
-func (r *TenantControlPlaneReconciler) addonsLagging(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, trust string) string {
-	tc, err := r.Tenants.For(tcp.UID, cr.data[render.SecretOperatorKubeconfig][apiary.KubeconfigKey])
-	if err != nil {
-		return err.Error()
-	}
+func addonsLagging(ctx context.Context, cs kubernetes.Interface, tcp *apiary.TenantControlPlane, trust string) string {
 	in := tenant.Inputs{TCP: tcp}
 	var lag []string
 	for _, a := range tenant.RootCAReaders {
@@ -368,7 +359,7 @@ func (r *TenantControlPlaneReconciler) addonsLagging(ctx context.Context, tcp *a
 		var rolled bool
 		switch a.Kind {
 		case "DaemonSet":
-			ds, err := tc.Clientset.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.Name, metav1.GetOptions{})
+			ds, err := cs.AppsV1().DaemonSets(a.Namespace).Get(ctx, a.Name, metav1.GetOptions{})
 			if err != nil {
 				if apierrors.IsNotFound(err) {
 					continue
@@ -377,15 +368,15 @@ func (r *TenantControlPlaneReconciler) addonsLagging(ctx context.Context, tcp *a
 			}
 			tmpl, rolled = ds.Spec.Template, daemonSetRolledOut(ds)
 		case "Deployment":
-			dep, err := tc.Clientset.AppsV1().Deployments(a.Namespace).Get(ctx, a.Name, metav1.GetOptions{})
+			dep, err := cs.AppsV1().Deployments(a.Namespace).Get(ctx, a.Name, metav1.GetOptions{})
 			if err != nil {
 				if apierrors.IsNotFound(err) {
 					continue
 				}
 				return err.Error()
 			}
-			rolled = dep.Status.ObservedGeneration >= dep.Generation && dep.Spec.Replicas != nil &&
-				rolledOutDeployment(dep.Status.ObservedGeneration, dep.Generation, dep.Status.Replicas, dep.Status.UpdatedReplicas, dep.Status.ReadyReplicas, *dep.Spec.Replicas)
+			st := dep.Status
+			rolled = rolledOutDeployment(st.ObservedGeneration, dep.Generation, st.Replicas, st.UpdatedReplicas, st.ReadyReplicas, ptr.Deref(dep.Spec.Replicas, 1))
 			tmpl = dep.Spec.Template
 		}
 		if tmpl.Annotations[tenant.AnnotationRootCA] != trust || !rolled {

@@ -341,8 +341,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	api := r.probeTenantAPI(ctx, tcp, cr.trust, ep)
 
 	// 8. What kubeadm join and the nodes need inside the tenant.
-	caObs := caObserved{controlPlane: r.controlPlaneLag(tcp, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded}, depRolled)}
-	r.observeCA(ctx, tcp, cr, api, &caObs)
+	caObs := r.observeCA(ctx, tcp, cr, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded}, depRolled, api)
 	bootstrapErr := r.reconcileBootstrap(ctx, tcp, cr, ep, api, quota.exceeded != nil, rootCAInput(tcp))
 
 	// A CA rotation moves on once everything caught up with its phase.
