@@ -194,3 +194,23 @@ func mustRender(t *testing.T, in Inputs, p Part) []*unstructured.Unstructured {
 	}
 	return objs
 }
+
+// The addons the CA rotation waits for (RootCAReaders) are the rendered
+// workloads, and each carries the root-CA fingerprint on its pod template
+// once given one, and nothing before (no roll for tenants never rotated).
+func TestRootCAReadersCarryTheRootCA(t *testing.T) {
+	in := fixture()
+	for _, w := range RootCAReaders {
+		o := find(t, mustRender(t, in, w.Part), w.Kind, w.Namespace, w.Name)
+		if _, ok, _ := unstructured.NestedMap(o.Object, "spec", "template", "metadata", "annotations"); ok {
+			t.Errorf("%s %s/%s: pod annotations before any rotation", w.Kind, w.Namespace, w.Name)
+		}
+	}
+	in.RootCA = "0123456789abcdef"
+	for _, w := range RootCAReaders {
+		o := find(t, mustRender(t, in, w.Part), w.Kind, w.Namespace, w.Name)
+		if got, _, _ := unstructured.NestedString(o.Object, "spec", "template", "metadata", "annotations", AnnotationRootCA); got != in.RootCA {
+			t.Errorf("%s %s/%s: %s %q, want %q", w.Kind, w.Namespace, w.Name, AnnotationRootCA, got, in.RootCA)
+		}
+	}
+}
