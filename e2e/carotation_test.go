@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -21,7 +20,6 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -87,7 +85,7 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 	wg.Wait()
 
 	rot := e.TCP(t, name).Status.CARotation
-	t.Logf("FIGURE CA rotation of %s (2 replicas, 2 worker Hosts): %s; %s", name, took.Round(time.Second), caPhaseEvents(t, e, name))
+	t.Logf("FIGURE CA rotation of %s (2 replicas, 2 worker Hosts): %s; %s", name, took.Round(time.Second), caPhaseEvents(e, name))
 	p.verdict(t, "CA rotation", "during the CA rotation")
 	probe.verdict(t)
 
@@ -117,8 +115,6 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 		}
 		t.Logf("FIGURE Host %s, last CA steps: %s", hn, strings.Join(steps, ", "))
 	}
-	newCA := x509.NewCertPool()
-	newCA.AppendCertsFromPEM(caAfter)
 	kcAfter := e.ExportKubeconfig(t, name)
 	tcAfter := e.tenantClient(t, kcAfter)
 	nodes, err := tcAfter.CoreV1().Nodes().List(e.Ctx, metav1.ListOptions{})
@@ -175,7 +171,7 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 
 // caPhaseEvents says when each phase of the last rotation began, from
 // the tenant's events, as offsets from its start.
-func caPhaseEvents(t *testing.T, e *env, name string) string {
+func caPhaseEvents(e *env, name string) string {
 	var list eventsv1.EventList
 	if err := e.C.List(e.Ctx, &list, client.InNamespace(framework.TenantsNS)); err != nil {
 		return err.Error()
@@ -214,17 +210,16 @@ func nodeReady(n *corev1.Node) bool {
 // kubeconfigFollower keeps the tenant's admin kubeconfig as its Secret has
 // it now: in a file (for kubectl) and as an HTTP client.
 type kubeconfigFollower struct {
-	e    *env
-	t    *testing.T
-	name string
-	path string
-	mu   sync.Mutex
-	raw  []byte
-	hc   *http.Client
+	e      *env
+	secret string // the admin kubeconfig Secret
+	path   string
+	mu     sync.Mutex
+	raw    []byte
+	hc     *http.Client
 }
 
 func newKubeconfigFollower(t *testing.T, e *env, name string) *kubeconfigFollower {
-	f := &kubeconfigFollower{e: e, t: t, name: name, path: filepath.Join(t.TempDir(), name+".kubeconfig")}
+	f := &kubeconfigFollower{e: e, secret: e.TCP(t, name).AdminKubeconfigSecretName(), path: filepath.Join(t.TempDir(), name+".kubeconfig")}
 	if err := f.refresh(); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +228,7 @@ func newKubeconfigFollower(t *testing.T, e *env, name string) *kubeconfigFollowe
 
 func (f *kubeconfigFollower) refresh() error {
 	var s corev1.Secret
-	if err := f.e.C.Get(f.e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: f.name + "-admin-kubeconfig"}, &s); err != nil {
+	if err := f.e.C.Get(f.e.Ctx, client.ObjectKey{Namespace: framework.TenantsNS, Name: f.secret}, &s); err != nil {
 		return err
 	}
 	raw := s.Data[apiary.KubeconfigKey]
@@ -246,7 +241,7 @@ func (f *kubeconfigFollower) refresh() error {
 	if err != nil {
 		return err
 	}
-	tlsCfg, err := rest.TLSConfigFor(cfg)
+	hc, err := pollerClient(cfg)
 	if err != nil {
 		return err
 	}
@@ -258,7 +253,7 @@ func (f *kubeconfigFollower) refresh() error {
 		return err
 	}
 	f.raw = raw
-	f.hc = &http.Client{Timeout: framework.RequestTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg.Clone(), DisableKeepAlives: true}}
+	f.hc = hc
 	return nil
 }
 
@@ -268,7 +263,8 @@ func (f *kubeconfigFollower) client() *http.Client {
 	return f.hc
 }
 
-// kubeconfig is a copy of the current kubeconfig file for one command.
+// kubeconfig is the path of the kubeconfig file, replaced whole (rename)
+// when the Secret changes, so a command reads one version of it.
 func (f *kubeconfigFollower) kubeconfig() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -191,18 +191,25 @@ func (e *env) newPoller(t *testing.T, name string) *poller {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsCfg, err := rest.TLSConfigFor(cfg)
+	hc, err := pollerClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A new connection for every request: a kept-alive connection to one
-	// pod would hide what the LoadBalancer does. A request fails when it
-	// errors, is not 200, or takes more than framework.RequestTimeout (5 s,
-	// as each request of the writer); a slower answer shows as slowest (on
-	// this 2-core machine requests during a switch's ScalingUp were seen to
-	// take over 4 s).
-	hc := &http.Client{Timeout: framework.RequestTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
 	return &poller{url: cfg.Host + "/version", hc: hc}
+}
+
+// pollerClient is a poller's HTTP client for a tenant. A new connection
+// for every request: a kept-alive connection to one pod would hide what
+// the LoadBalancer does. A request fails when it errors, is not 200, or
+// takes more than framework.RequestTimeout (5 s, as each request of the
+// writer); a slower answer shows as slowest (on this 2-core machine
+// requests during a switch's ScalingUp were seen to take over 4 s).
+func pollerClient(cfg *rest.Config) (*http.Client, error) {
+	tlsCfg, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Timeout: framework.RequestTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}}, nil
 }
 
 // verdict logs the poll's figure and fails the test on any failed request

@@ -8,9 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -26,13 +24,7 @@ import (
 // what is asked says so; outside a rotation a Host that recorded nothing
 // is taken to hold the tenant's CA.
 func TestCAWorker(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := apiary.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := builtinAndApiary(t)
 	now := metav1.Now()
 	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "dev", UID: "t"},
 		Status: apiary.TenantControlPlaneStatus{CARotation: &apiary.CARotation{Token: "t1", Phase: apiary.CARotationTrustNew, Trust: "new-bundle"}}}

@@ -26,13 +26,7 @@ import (
 // what the CA and the trust bundle are at each point.
 func TestCARotationPhases(t *testing.T) {
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := apiary.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := builtinAndApiary(t)
 	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "dev", UID: "uid-1",
 		Annotations: map[string]string{apiary.AnnotationRotateCA: "t1"}}}
 	host := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "w1"},
@@ -195,12 +189,8 @@ func TestCARotationPhases(t *testing.T) {
 // re-issued) becomes the CA alone; one that holds it is kept.
 func TestCATrustRepairs(t *testing.T) {
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "dev", UID: "uid-1"}}
-	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	c := fake.NewClientBuilder().WithScheme(builtinAndApiary(t)).Build()
 	r := &TenantControlPlaneReconciler{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(5), Now: time.Now}
 	cr, err := newCredentials(ctx, c, c, tenantSecrets{tcp}, time.Now())
 	if err != nil {
@@ -227,4 +217,17 @@ func TestCATrustRepairs(t *testing.T) {
 	if string(cr.trust) != string(both) {
 		t.Error("a bundle holding the CA (a rotation's) was not kept")
 	}
+}
+
+// builtinAndApiary is a scheme of the built-in kinds and Apiary's.
+func builtinAndApiary(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiary.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return scheme
 }
