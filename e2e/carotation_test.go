@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,16 +34,18 @@ import (
 )
 
 // testCARotation (issue 12, CA rotation): "apiary certs rotate --ca" on a
-// tenant with two worker Hosts and a workload on each. Throughout, a
+// tenant with joined Hosts and web pods in namespace workload (on its
+// workers). Throughout, a
 // client that takes the admin kubeconfig again whenever it changes (as a
 // user who exports it again) polls /version, and kubectl logs and exec
-// reach the web pod on each Node (API server → konnectivity → kubelet,
+// reach each web pod (API server → konnectivity → kubelet,
 // both ends verified). After it: the tenant, its Hosts and the addons hold
 // only the new CA, the Nodes are Ready with kubelet certificates of it, a
 // kubeconfig exported before is refused (its CA is not the server's) and
 // its client certificate is refused even by a client that trusts the new
 // CA (401).
-func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBefore string) {
+// It returns when the rotation started.
+func (e *env) testCARotation(t *testing.T, name, shape string, hostNames []string, kcBefore, workload string) time.Time {
 	tcp := e.TCP(t, name)
 	caBefore := tenantSecret(t, e, tcp, render.SecretCA)[render.KeyTLSCert]
 	adminBefore := tenantSecret(t, e, tcp, render.SecretAdminKubeconfig)[apiary.KubeconfigKey]
@@ -58,11 +61,11 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 	go func() { defer wg.Done(); follow.run(ctx) }()
 	go func() { defer wg.Done(); p.run(ctx) }()
 
-	// logs and exec on each Node's web pod, one after the other.
+	// logs and exec on each web pod, one after the other.
 	tc := e.tenantClient(t, kcBefore)
-	pods, err := readyPods(e.Ctx, tc, upgradeWorkloadNS, "app=web")
-	if err != nil || len(pods) != 2 {
-		t.Fatalf("%d ready web pods (%v), want 2", len(pods), err)
+	pods, err := readyPods(e.Ctx, tc, workload, "app=web")
+	if err != nil || len(pods) == 0 {
+		t.Fatalf("%d ready web pods in %s (%v)", len(pods), workload, err)
 	}
 	probe := &kubeletProbe{}
 	wg.Add(1)
@@ -85,7 +88,7 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 	wg.Wait()
 
 	rot := e.TCP(t, name).Status.CARotation
-	t.Logf("FIGURE CA rotation of %s (2 replicas, 2 worker Hosts): %s; %s", name, took.Round(time.Second), caPhaseEvents(e, name))
+	t.Logf("FIGURE CA rotation of %s (%s): %s; %s", name, shape, took.Round(time.Second), caPhaseEvents(e, name))
 	p.verdict(t, "CA rotation", "during the CA rotation")
 	probe.verdict(t)
 
@@ -150,23 +153,43 @@ func (e *env) testCARotation(t *testing.T, name string, hostNames []string, kcBe
 	}
 	// Its client certificate, presented by a client that trusts the new
 	// CA: refused (401), as every certificate of the old CA is.
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(adminBefore)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.CAData = caAfter
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = cs.CoreV1().Namespaces().List(e.Ctx, metav1.ListOptions{})
-	var status interface{ Status() metav1.Status }
-	if !errors.As(err, &status) || status.Status().Code != http.StatusUnauthorized {
-		t.Errorf("the old admin client certificate, trusting the new CA: %v, want 401 Unauthorized", err)
+	if err := oldClientRefused(e.Ctx, adminBefore, caAfter, ""); err != nil {
+		t.Error(err)
 	}
 	if !e.eventNoteContains(t, name, controllers.ReasonCARotated, "completed") {
 		t.Error("no CARotated event")
 	}
+	return start
+}
+
+// oldClientRefused checks that the client certificate of kubeconfig
+// adminBefore, presented by a client that trusts caAfter, gets 401 from
+// the tenant's API server (at server, when set, instead of the endpoint).
+func oldClientRefused(ctx context.Context, adminBefore, caAfter []byte, server string) error {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(adminBefore)
+	if err != nil {
+		return err
+	}
+	cfg.CAData = caAfter
+	if server != "" {
+		// The endpoint's name stays the one verified.
+		u, err := url.Parse(cfg.Host)
+		if err != nil {
+			return err
+		}
+		cfg.TLSClientConfig.ServerName = u.Hostname()
+		cfg.Host = server
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	_, err = cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	var status interface{ Status() metav1.Status }
+	if !errors.As(err, &status) || status.Status().Code != http.StatusUnauthorized {
+		return fmt.Errorf("the old admin client certificate, trusting the new CA, at %s: %v, want 401 Unauthorized", cfg.Host, err)
+	}
+	return nil
 }
 
 // caPhaseEvents says when each phase of the last rotation began, from

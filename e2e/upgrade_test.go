@@ -430,7 +430,9 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	<-done
 	p.verdict(t, "minor upgrade", "during the upgrade")
 	// The same tenant, Hosts and workload: its CA replaced.
-	t.Run("RotatesItsCA", func(t *testing.T) { e.testCARotation(t, name, hostNames, kc) })
+	t.Run("RotatesItsCA", func(t *testing.T) {
+		e.testCARotation(t, name, "2 replicas, 2 worker Hosts", hostNames, kc, upgradeWorkloadNS)
+	})
 }
 
 // upgradingDone says whether every Host runs version, uncordoned, with its
