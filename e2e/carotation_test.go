@@ -311,6 +311,7 @@ type kubeletProbe struct {
 	mu       sync.Mutex
 	ok       int
 	failed   int
+	noAgent  int // failures an API server gave for want of the Node's konnectivity agent
 	longest  map[string]time.Duration
 	slowest  map[string]time.Duration
 	failures []string
@@ -353,6 +354,9 @@ func (k *kubeletProbe) run(ctx context.Context, f *kubeconfigFollower, pods []co
 						lastGood = now
 					} else {
 						k.failed++
+						if strings.Contains(string(out), "No agent available") {
+							k.noAgent++
+						}
 						if len(k.failures) < 12 {
 							k.failures = append(k.failures, fmt.Sprintf("%s %s %s after %s: %v: %s", sent.Format("15:04:05.000"), args[2], node,
 								now.Sub(sent).Round(10*time.Millisecond), err, firstLine(strings.TrimSpace(string(out)))))
@@ -379,8 +383,8 @@ func (k *kubeletProbe) verdict(t *testing.T) {
 	t.Helper()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	t.Logf("FIGURE CA rotation: kubectl logs/exec %d OK, %d failed; longest time without a success per Node %v; slowest call per Node %v",
-		k.ok, k.failed, k.longest, k.slowest)
+	t.Logf("FIGURE CA rotation: kubectl logs/exec %d OK, %d failed (%d \"No agent available\"); longest time without a success per Node %v; slowest call per Node %v",
+		k.ok, k.failed, k.noAgent, k.longest, k.slowest)
 	for _, f := range k.failures {
 		t.Logf("kubectl logs/exec failure: %s", f)
 	}

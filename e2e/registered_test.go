@@ -254,8 +254,8 @@ func (e *env) checkHostsOnly(t *testing.T, tcp *apiary.TenantControlPlane, addre
 	})
 }
 
-// serviceBackends lists the backends of a tenant's Service, over every
-// EndpointSlice, as manager:address:ready, sorted.
+// serviceBackends lists the backends of a tenant Service's API server
+// port, over every EndpointSlice, as manager:address:ready, sorted.
 func (e *env) serviceBackends(tcp *apiary.TenantControlPlane) ([]string, error) {
 	var list discoveryv1.EndpointSliceList
 	if err := e.C.List(e.Ctx, &list, client.InNamespace(tcp.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: render.ServiceName(tcp)}); err != nil {
@@ -263,6 +263,9 @@ func (e *env) serviceBackends(tcp *apiary.TenantControlPlane) ([]string, error) 
 	}
 	var out []string
 	for _, s := range list.Items {
+		if !slices.ContainsFunc(s.Ports, func(p discoveryv1.EndpointPort) bool { return ptr.Deref(p.Name, "") == "https" }) {
+			continue // the operator's slice of the agent port
+		}
 		for _, ep := range s.Endpoints {
 			out = append(out, fmt.Sprintf("%s:%s:%v", s.Labels[discoveryv1.LabelManagedBy], strings.Join(ep.Addresses, ","), ptr.Deref(ep.Conditions.Ready, false)))
 		}

@@ -376,13 +376,18 @@ func hostAccessMissing(ds *apiary.DataStore) string {
 func (r *TenantControlPlaneReconciler) applySlices(ctx context.Context, tcp *apiary.TenantControlPlane) error {
 	var backends []render.Backend
 	for _, h := range tcp.Status.ControlPlaneHosts {
-		if h.Step == apiary.HostStepStop || h.Result == resultRunning && !h.Serving || h.Step == "" {
-			continue
+		switch {
+		case h.Step == apiary.HostStepStop || h.Step == "":
+		case h.Result == resultRunning && !h.Serving:
+			// Being started or rewritten, out of the Service: once it
+			// has a control plane written it takes agents, not clients.
+			if h.ConfigHash != "" {
+				backends = append(backends, render.Backend{Address: h.Address, AgentsReady: true, Hostname: h.Host})
+			}
+		case h.Step == apiary.HostStepStart && h.Result != resultSucceeded:
+		default:
+			backends = append(backends, render.Backend{Address: h.Address, Ready: h.Serving, AgentsReady: h.Serving, Hostname: h.Host})
 		}
-		if h.Step == apiary.HostStepStart && h.Result != resultSucceeded {
-			continue
-		}
-		backends = append(backends, render.Backend{Address: h.Address, Ready: h.Serving, Hostname: h.Host})
 	}
 	rendered := render.EndpointSlices(tcp, backends)
 	key := fmt.Sprint(backends)
@@ -397,13 +402,14 @@ func (r *TenantControlPlaneReconciler) applySlices(ctx context.Context, tcp *api
 		}
 	}
 	for _, family := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
-		name := render.EndpointSliceName(tcp, family)
-		if want[name] {
-			continue
-		}
-		s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: tcp.Namespace, Name: name}}
-		if err := r.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting EndpointSlice %s: %w", name, err)
+		for _, name := range []string{render.EndpointSliceName(tcp, family), render.AgentEndpointSliceName(tcp, family)} {
+			if want[name] {
+				continue
+			}
+			s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: tcp.Namespace, Name: name}}
+			if err := r.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting EndpointSlice %s: %w", name, err)
+			}
 		}
 	}
 	r.slices.set(tcp.UID, appliedSlices{backends: key, at: r.Now()})

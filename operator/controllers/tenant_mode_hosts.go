@@ -285,6 +285,10 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 		h.Message = "waiting for kube-apiserver /readyz: " + err.Error()
 		return 2 * time.Second, fmt.Sprintf("Host %s: waiting for its kube-apiserver", h.Host), nil
 	}
+	if why := r.agentsBehind(ctx, tcp, h, now); why != "" {
+		h.Message = why
+		return time.Second, fmt.Sprintf("Host %s: waiting for agents", h.Host), nil
+	}
 	h.Serving = true
 	return succeed(fmt.Sprintf("kube-apiserver answers /readyz at %s after %s; in the Service", h.Address, now.Sub(h.Started.Time).Round(100*time.Millisecond)))
 }

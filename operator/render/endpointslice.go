@@ -30,18 +30,33 @@ type Backend struct {
 	Address string
 	// Ready: it answered /readyz (a host) or is a ready pod.
 	Ready bool
+	// AgentsReady: its konnectivity-server takes agents. A host's is
+	// sent agents before its kube-apiserver gets clients, so that the
+	// API server has agents to reach the Nodes through once it serves
+	// (else logs, exec and port-forward through it fail with "No agent
+	// available" until the agents find the new server).
+	AgentsReady bool
 	// Hostname names it in the slice (the Host, or the pod).
 	Hostname string
 }
 
-// EndpointSliceName is the name of the operator's slice of an IP family.
+// EndpointSliceName is the name of the operator's slice of an IP family
+// for the API server port.
 func EndpointSliceName(tcp *apiary.TenantControlPlane, family discoveryv1.AddressType) string {
 	return tcp.Name + "-apiary-" + strings.ToLower(string(family))
 }
 
-// EndpointSlices list the backends of the tenant Service, one slice per IP
-// family that has any (sorted by address, so that the same backends always
-// render the same slice). The ports are those of the Service, by name.
+// AgentEndpointSliceName is the name of the operator's slice of an IP
+// family for the konnectivity agent port.
+func AgentEndpointSliceName(tcp *apiary.TenantControlPlane, family discoveryv1.AddressType) string {
+	return EndpointSliceName(tcp, family) + "-agents"
+}
+
+// EndpointSlices list the backends of the tenant Service, per IP family
+// that has any, one slice for the API server port and (konnectivity on)
+// one for the agent port, each sorted by address so that the same
+// backends always render the same slices. Ports are the Service's, by
+// name.
 func EndpointSlices(tcp *apiary.TenantControlPlane, backends []Backend) []*discoveryv1ac.EndpointSliceApplyConfiguration {
 	byFamily := map[discoveryv1.AddressType][]Backend{}
 	for _, b := range backends {
@@ -62,29 +77,40 @@ func EndpointSlices(tcp *apiary.TenantControlPlane, backends []Backend) []*disco
 			continue
 		}
 		slices.SortFunc(bs, func(a, b Backend) int { return strings.Compare(a.Address, b.Address) })
-		labels := Labels(tcp)
-		labels[discoveryv1.LabelServiceName] = ServiceName(tcp)
-		labels[discoveryv1.LabelManagedBy] = EndpointSliceManager
-		slice := discoveryv1ac.EndpointSlice(EndpointSliceName(tcp, family), tcp.Namespace).
-			WithLabels(labels).
-			WithOwnerReferences(OwnerReference(tcp)).
-			WithAddressType(family).
-			WithPorts(discoveryv1ac.EndpointPort().WithName("https").WithProtocol(corev1.ProtocolTCP).WithPort(tcp.Spec.Network.Port))
+		out = append(out, endpointSlice(tcp, EndpointSliceName(tcp, family), family, bs,
+			discoveryv1ac.EndpointPort().WithName("https").WithProtocol(corev1.ProtocolTCP).WithPort(tcp.Spec.Network.Port),
+			func(b Backend) bool { return b.Ready }))
 		if KonnectivityEnabled(tcp) {
-			slice.WithPorts(discoveryv1ac.EndpointPort().WithName(konnectivity.AgentPortName).WithProtocol(corev1.ProtocolTCP).WithPort(konnectivity.AgentPort))
+			out = append(out, endpointSlice(tcp, AgentEndpointSliceName(tcp, family), family, bs,
+				discoveryv1ac.EndpointPort().WithName(konnectivity.AgentPortName).WithProtocol(corev1.ProtocolTCP).WithPort(konnectivity.AgentPort),
+				func(b Backend) bool { return b.Ready || b.AgentsReady }))
 		}
-		for _, b := range bs {
-			slice.WithEndpoints(discoveryv1ac.Endpoint().
-				WithAddresses(b.Address).
-				WithHostname(b.Hostname).
-				WithConditions(discoveryv1ac.EndpointConditions().
-					WithReady(b.Ready).
-					// A backend that stops answering is not ready and
-					// not serving: kube-proxy sends it nothing new.
-					WithServing(b.Ready).
-					WithTerminating(false)))
-		}
-		out = append(out, slice)
 	}
 	return out
+}
+
+// endpointSlice is one of the operator's slices: backends bs on port,
+// ready as ready says.
+func endpointSlice(tcp *apiary.TenantControlPlane, name string, family discoveryv1.AddressType, bs []Backend,
+	port *discoveryv1ac.EndpointPortApplyConfiguration, ready func(Backend) bool) *discoveryv1ac.EndpointSliceApplyConfiguration {
+	labels := Labels(tcp)
+	labels[discoveryv1.LabelServiceName] = ServiceName(tcp)
+	labels[discoveryv1.LabelManagedBy] = EndpointSliceManager
+	slice := discoveryv1ac.EndpointSlice(name, tcp.Namespace).
+		WithLabels(labels).
+		WithOwnerReferences(OwnerReference(tcp)).
+		WithAddressType(family).
+		WithPorts(port)
+	for _, b := range bs {
+		slice.WithEndpoints(discoveryv1ac.Endpoint().
+			WithAddresses(b.Address).
+			WithHostname(b.Hostname).
+			WithConditions(discoveryv1ac.EndpointConditions().
+				WithReady(ready(b)).
+				// A backend that stops answering is not ready and not
+				// serving: kube-proxy sends it nothing new.
+				WithServing(ready(b)).
+				WithTerminating(false)))
+	}
+	return slice
 }

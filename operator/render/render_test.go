@@ -1,6 +1,8 @@
 package render
 
 import (
+	"k8s.io/utils/ptr"
+
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"reflect"
@@ -324,15 +326,25 @@ func TestEndpointSlicesGolden(t *testing.T) {
 	tcp := fixture()
 	slices := EndpointSlices(tcp, []Backend{
 		{Address: "192.0.2.21", Ready: true, Hostname: "cp-2"},
-		{Address: "192.0.2.20", Ready: false, Hostname: "cp-1"},
+		// Started, not yet serving: agents first.
+		{Address: "192.0.2.20", Ready: false, AgentsReady: true, Hostname: "cp-1"},
+		{Address: "192.0.2.22", Ready: false, Hostname: "cp-3"},
 		{Address: "2001:db8::20", Ready: true, Hostname: "cp-1"},
 		{Address: "not-an-ip", Ready: true, Hostname: "x"},
 	})
-	if len(slices) != 2 {
-		t.Fatalf("%d slices, want one per family", len(slices))
+	if len(slices) != 4 {
+		t.Fatalf("%d slices, want two per family (API server, agents)", len(slices))
 	}
 	golden.YAML(t, "endpointslice-ipv4", slices[0])
-	golden.YAML(t, "endpointslice-ipv6", slices[1])
+	golden.YAML(t, "endpointslice-ipv4-agents", slices[1])
+	golden.YAML(t, "endpointslice-ipv6", slices[2])
+	golden.YAML(t, "endpointslice-ipv6-agents", slices[3])
+	// Konnectivity off: the API server's slices alone.
+	off := fixture()
+	off.Spec.Addons.Konnectivity.Enabled = ptr.To(false)
+	if n := len(EndpointSlices(off, []Backend{{Address: "192.0.2.21", Ready: true}})); n != 1 {
+		t.Errorf("konnectivity off: %d slices, want 1", n)
+	}
 	// The API server refuses a label value with a '/' (found on a real
 	// cluster: the first managed-by value was apiary.dev/operator).
 	for _, s := range slices {
