@@ -157,7 +157,7 @@ func (r *HostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		// A step still at the host ends first (cancelled): the reset
 		// must not race an install or a join.
-		if r.stepRunnerOf().stop(h) {
+		if r.stepRunnerOf().stop(h, StepReset) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil
 		}
 		done, res := r.cleanup(ctx, h)

@@ -39,6 +39,9 @@ const (
 	StepJoin = "join"
 	// StepDrain evicts a deleted Host's pods, a pass per reconcile.
 	StepDrain = "drain"
+	// StepReset resets a deleted Host's host (kubeadm reset, the node
+	// software removed), off the reconcile workers like every SSH step.
+	StepReset = "reset"
 	// HostFinalizer resets the host and removes its Node before the Host
 	// goes away.
 	HostFinalizer = "apiary.dev/host-cleanup"
@@ -508,26 +511,20 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 			}
 		}
 	}
-	if installed {
+	if step := journalStep(st, StepReset); installed && (step == nil || step.Result != StepSucceeded) {
 		st.Phase = apiary.HostPhaseResetting
-		c, reason, err := r.connect(ctx, h)
+		wait, start := r.stepDue(h.UID, step)
 		switch {
-		case err != nil && reason == ReasonSecretNotFound, err != nil && r.namespaceGoing(ctx, h.Namespace):
-			// The key is gone, or is going with the namespace: the host
-			// cannot be reached again, and waiting would wedge the
-			// deletion (of the namespace too). Let go, and say what stays.
-			r.Recorder.Eventf(h, nil, corev1.EventTypeWarning, ReasonHostNotReset, "Cleanup",
-				"the host at %s was not reset (%v): its kubelet, the node software and /etc/kubernetes stay there; run kubeadm reset -f on it", h.Spec.Address, err)
-		case err != nil:
-			return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
-		default:
-			resetCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-			_, err = hosts.Reset(resetCtx, c)
-			cancel()
-			c.Close()
-			if err != nil {
-				return fail(err.Error())
-			}
+		case wait > 0:
+			return false, ctrl.Result{RequeueAfter: wait}
+		case start:
+			// In the journal before the host is touched.
+			r.startStep(h, StepReset)
+			return false, ctrl.Result{Requeue: true}
+		}
+		res, ended := r.runStep(ctx, h, step, r.resetStep)
+		if step = journalStep(st, StepReset); !ended || step.Result != StepSucceeded {
+			return false, res
 		}
 	}
 	if ta != nil {
@@ -538,6 +535,38 @@ func (r *HostReconciler) cleanup(ctx context.Context, h *apiary.Host) (bool, ctr
 		log.FromContext(ctx).Info("tenant unreachable during Host cleanup; its Node and token stay", "error", fmt.Sprint(tenantErr))
 	}
 	return true, ctrl.Result{}
+}
+
+// resetStep resets the host of a deleted Host, given up (with a Warning
+// event saying what stays) when it can never be reached again.
+func (r *HostReconciler) resetStep(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
+	fail := func(msg string) ctrl.Result {
+		res := r.failStep(ctx, h, step, apiary.HostConditionJoined, ReasonCleanupFailed, msg)
+		// Still being removed: tried again with the journal's backoff.
+		h.Status.Phase = apiary.HostPhaseResetting
+		return res
+	}
+	c, reason, err := r.connect(ctx, h)
+	switch {
+	case err != nil && reason == ReasonSecretNotFound, err != nil && r.namespaceGoing(ctx, h.Namespace):
+		// The key is gone, or is going with the namespace: the host
+		// cannot be reached again, and waiting would wedge the deletion
+		// (of the namespace too). Let go, and say what stays.
+		r.Recorder.Eventf(h, nil, corev1.EventTypeWarning, ReasonHostNotReset, "Cleanup",
+			"the host at %s was not reset (%v): its kubelet, the node software and /etc/kubernetes stay there; run kubeadm reset -f on it", h.Spec.Address, err)
+		r.succeedStep(step, "not reset: "+err.Error())
+		return ctrl.Result{}
+	case err != nil:
+		return fail("cannot reset the host: " + err.Error() + " (remove the finalizer " + HostFinalizer + " to give up on it)")
+	}
+	defer c.Close()
+	resetCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if _, err := hosts.Reset(resetCtx, c); err != nil {
+		return fail(err.Error())
+	}
+	r.succeedStep(step, "kubeadm reset; the node software and its files removed")
+	return ctrl.Result{}
 }
 
 // deleteNode deletes the host's Node, with a UID precondition: a Conflict

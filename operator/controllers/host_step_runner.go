@@ -159,15 +159,17 @@ func (s *stepRunner) forgetWaiting(tenant, uid string) {
 	}
 }
 
-// stop cancels h's running steps and says whether any is still running;
-// a Host being deleted waits for them before it touches the host.
-func (s *stepRunner) stop(h *apiary.Host) (running bool) {
+// stop cancels h's running steps but those named in keep, and says
+// whether any of them is still running; a Host being deleted waits for
+// them before it touches the host (its own reset step is kept).
+func (s *stepRunner) stop(h *apiary.Host, keep ...string) (running bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.forgetWaiting(tenantKey(h), string(h.UID))
 	prefix := string(h.UID) + "/"
 	for key, run := range s.runs {
-		if strings.HasPrefix(key, prefix) {
+		kept := slices.ContainsFunc(keep, func(name string) bool { return strings.HasPrefix(key, startKey(h.UID, name)+"@") })
+		if strings.HasPrefix(key, prefix) && !kept {
 			if run.done {
 				delete(s.runs, key)
 				continue

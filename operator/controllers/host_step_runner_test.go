@@ -158,6 +158,35 @@ func TestStepRunnerStopCancels(t *testing.T) {
 	}
 }
 
+// A Host being deleted stops its steps but its reset, which runs on to
+// its end and is taken into the status.
+func TestStepRunnerStopKeepsTheReset(t *testing.T) {
+	s := newStepRunner()
+	release, started := make(chan struct{}), make(chan string, 1)
+	h := runnerHost("acme", 1)
+	h.Status.Journal = append(h.Status.Journal, apiary.HostStep{Name: StepReset, Started: h.Status.Journal[0].Started, Result: StepRunning, Attempts: 1})
+	s.step(context.Background(), h, StepReset, blockingStep(release, started))
+	<-started
+	if s.stop(h, StepReset) {
+		t.Fatal("stop counts the kept reset as a step to wait for")
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, ended, _ := s.step(context.Background(), h, StepReset, nil)
+		if ended {
+			if step := journalStep(&h.Status, StepReset); step.Result != StepSucceeded || res.RequeueAfter != time.Minute {
+				t.Fatalf("the reset ended %s (%s), %+v: the stop cancelled it", step.Result, step.Message, res)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reset did not end")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // What else changed in the status while the step ran stays; what the step
 // changed is taken.
 func TestMergeStepResult(t *testing.T) {
