@@ -29,8 +29,12 @@ import (
 const (
 	// agentsWait bounds, from the start of a host's step, how long its
 	// API server waits for agents before it serves anyway (agents that
-	// cannot connect must not keep a control-plane host out for ever).
-	agentsWait = 90 * time.Second
+	// cannot connect must not keep a control-plane host out for ever). A
+	// host's update takes about 25 s before the wait; the agents usually
+	// connect within seconds, yet once, in a CI run, a host's count did
+	// not reach the serving host's in 90 s (not understood: the serving
+	// server may count agents that went away).
+	agentsWait = 40 * time.Second
 	// agentsMetric counts the agents connected to a konnectivity-server
 	// (its health port's /metrics; one per agent for this strategy).
 	agentsMetric   = "konnectivity_network_proxy_server_ready_backends"

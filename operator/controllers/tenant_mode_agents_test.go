@@ -59,7 +59,7 @@ func TestAgentsBehind(t *testing.T) {
 			if c.wait == "" && got != "" || c.wait != "" && !strings.Contains(got, c.wait) {
 				t.Errorf("agentsBehind: %q, want %q", got, c.wait)
 			}
-			if c.wait != "" && !strings.Contains(got, "2026-12-04T10:01:30Z") {
+			if c.wait != "" && !strings.Contains(got, "2026-12-04T10:00:40Z") {
 				t.Errorf("the message names no deadline: %q", got)
 			}
 			for _, a := range asked {

@@ -197,21 +197,13 @@ func apiServerDefaults(in Inputs) map[string]string {
 		// On SIGTERM keep serving while /readyz fails, so that the Service
 		// stops sending new connections before the listener closes (a
 		// scale-down or a rolling update then loses no request).
-		"shutdown-delay-duration": "5s",
-		// Then close the watches it serves within 5 s (their clients
-		// watch again through the Service) rather than leave them open:
-		// the HTTP server waits for its connections to go idle, so an API
-		// server with watches otherwise runs until the kubelet kills it at
-		// the end of the 30 s grace period. A control-plane host being
-		// rewritten waits for its old kube-apiserver to stop before the
-		// new one starts.
-		"shutdown-watch-termination-grace-period": "5s",
-		"service-account-issuer":                  "https://kubernetes.default.svc." + s.Network.ClusterDomain,
-		"service-account-key-file":                pathSAPub,
-		"service-account-signing-key-file":        pathSAKey,
-		"service-cluster-ip-range":                s.Network.ServiceCIDR,
-		"tls-cert-file":                           pathAPIServerCert,
-		"tls-private-key-file":                    pathAPIServerKey,
+		"shutdown-delay-duration":          "5s",
+		"service-account-issuer":           "https://kubernetes.default.svc." + s.Network.ClusterDomain,
+		"service-account-key-file":         pathSAPub,
+		"service-account-signing-key-file": pathSAKey,
+		"service-cluster-ip-range":         s.Network.ServiceCIDR,
+		"tls-cert-file":                    pathAPIServerCert,
+		"tls-private-key-file":             pathAPIServerKey,
 	}
 	if KonnectivityEnabled(in.TCP) {
 		defaults["egress-selector-config-file"] = kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile
