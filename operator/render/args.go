@@ -72,6 +72,9 @@ type Inputs struct {
 	// (registered mode): the Deployment keeps its template at 0 replicas,
 	// ready to come back when the tenant switches to standalone.
 	HostsOnly bool
+	// OnHost: the render is a control-plane host's static Pods (StaticPods
+	// sets it), not the Deployment.
+	OnHost bool
 }
 
 // AdvertiseAddress is the IP kube-apiserver publishes in the tenant's
@@ -207,6 +210,18 @@ func apiServerDefaults(in Inputs) map[string]string {
 	}
 	if KonnectivityEnabled(in.TCP) {
 		defaults["egress-selector-config-file"] = kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile
+	}
+	if in.OnHost {
+		// On a host, close the watches it serves within 5 s of the
+		// shutdown delay: the HTTP server waits for its connections to go
+		// idle, which watches never do, so it otherwise runs until the
+		// kubelet kills it at the end of the 30 s grace period, and the
+		// host's new static Pod waits for that (a host update took 52 s,
+		// now 30 s). The host left the Service before the rewrite, so
+		// those watches' clients watch again elsewhere. Not in the
+		// Deployment: nothing there waits for the old pod's exit, and
+		// hosted tenants keep the behaviour their e2e runs measured.
+		defaults["shutdown-watch-termination-grace-period"] = "5s"
 	}
 	if StaticAdmissionSupported(in.Version) {
 		// The datastore quota's policy (admission.go). 1.36 has the gate

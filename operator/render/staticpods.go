@@ -57,6 +57,7 @@ type HostFile struct {
 // which must find its files. exceeded is the quota state, as the
 // Deployment's admission ConfigMap carries it.
 func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile, err error) {
+	in.OnHost = true
 	cm, err := AdmissionConfigMap(in.TCP, exceeded)
 	if err != nil {
 		return nil, nil, err
@@ -180,9 +181,6 @@ func (f mountedFile) data(in Inputs, configMaps map[string]map[string]string) ([
 func staticPod(in Inputs, c component, hash string) *corev1ac.PodApplyConfiguration {
 	ctr := *c.container
 	ctr.VolumeMounts = nil
-	if c.name == containerAPIServer {
-		ctr.Args = withDefaultArg(ctr.Args, "shutdown-watch-termination-grace-period", "5s")
-	}
 	var volumes []*corev1ac.VolumeApplyConfiguration
 	for _, m := range c.container.VolumeMounts {
 		var name string
@@ -232,29 +230,6 @@ func staticPod(in Inputs, c component, hash string) *corev1ac.PodApplyConfigurat
 				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
 			WithContainers(&ctr).
 			WithVolumes(volumes...))
-}
-
-// withDefaultArg is args (sorted by flag) with --name=value added unless
-// the spec already sets the flag. On a host, kube-apiserver closes the
-// watches it serves within 5 s of its shutdown delay: its HTTP server
-// waits for its connections to go idle, which watches never do, so it
-// otherwise runs until the kubelet kills it at the end of the 30 s grace
-// period, and the host's new static Pod waits for that (a host update took
-// 52 s, now 30 s). The host left the Service before the rewrite, so the
-// clients of those watches watch again elsewhere. (Not in the Deployment:
-// there the old pod's exit holds nothing up, and hosted tenants keep the
-// behaviour their e2e runs have measured.)
-func withDefaultArg(args []string, name, value string) []string {
-	flag := "--" + name
-	for _, a := range args {
-		if a == flag || strings.HasPrefix(a, flag+"=") {
-			return args
-		}
-	}
-	out := append(slices.Clone(args), flag+"="+value)
-	key := func(a string) string { k, _, _ := strings.Cut(a, "="); return k }
-	slices.SortStableFunc(out, func(a, b string) int { return strings.Compare(key(a), key(b)) })
-	return out
 }
 
 func hostPathVolume(name, p string, typ corev1.HostPathType) *corev1ac.VolumeApplyConfiguration {
