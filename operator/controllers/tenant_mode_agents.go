@@ -39,14 +39,16 @@ const (
 	// (its health port's /metrics; one per agent for this strategy).
 	agentsMetric   = "konnectivity_network_proxy_server_ready_backends"
 	agentsStrategy = "default"
-	// metricsLimit bounds what is read of a host's /metrics: the host's
-	// owner controls what it answers.
-	metricsLimit = 1 << 20
+	// metricsLimit and agentsReadTimeout bound a read of a host's
+	// /metrics: the host's owner controls what it answers, and the read
+	// runs on a reconcile worker.
+	metricsLimit      = 1 << 20
+	agentsReadTimeout = 2 * time.Second
 )
 
-// AgentCounter says how many agents the konnectivity-server of a
+// agentCounter says how many agents the konnectivity-server of a
 // control-plane host at address has.
-type AgentCounter func(ctx context.Context, address string) (int, error)
+type agentCounter func(ctx context.Context, address string) (int, error)
 
 // agentsBehind says why host h, whose kube-apiserver answers, is not put
 // in the Service yet, or "" when it may serve: its konnectivity-server has
@@ -58,7 +60,7 @@ func (r *TenantControlPlaneReconciler) agentsBehind(ctx context.Context, tcp *ap
 	if !render.KonnectivityEnabled(tcp) || now.Sub(h.Started.Time) >= agentsWait {
 		return ""
 	}
-	count := r.AgentCounter
+	count := r.agentCounter
 	if count == nil {
 		count = agentsOnHost
 	}
@@ -90,9 +92,14 @@ func (r *TenantControlPlaneReconciler) agentsBehind(ctx context.Context, tcp *ap
 // agentsOnHost reads the agent count of the konnectivity-server at
 // address from its health port (plain HTTP, as the kubelet's probes).
 func agentsOnHost(ctx context.Context, address string) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	return agentsAt(ctx, "http://"+net.JoinHostPort(address, strconv.Itoa(konnectivity.HealthPort))+"/metrics")
+}
+
+// agentsAt reads the agent count from a konnectivity-server's metrics at
+// url, in at most agentsReadTimeout and metricsLimit bytes.
+func agentsAt(ctx context.Context, url string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, agentsReadTimeout)
 	defer cancel()
-	url := "http://" + net.JoinHostPort(address, strconv.Itoa(konnectivity.HealthPort)) + "/metrics"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, err

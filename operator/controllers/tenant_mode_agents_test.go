@@ -3,6 +3,9 @@ package controllers
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -46,7 +49,7 @@ func TestAgentsBehind(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var asked []string
-			r := &TenantControlPlaneReconciler{AgentCounter: func(_ context.Context, address string) (int, error) {
+			r := &TenantControlPlaneReconciler{agentCounter: func(_ context.Context, address string) (int, error) {
 				asked = append(asked, address)
 				n, ok := c.agents[address]
 				if !ok {
@@ -93,5 +96,40 @@ konnectivity_network_proxy_server_ready_backends{proxy_strategy="destHost"} 2
 		if n, err := agentsIn(strings.NewReader(bad)); err == nil {
 			t.Errorf("%s: %d, want an error", name, n)
 		}
+	}
+}
+
+// A host's owner controls what its health port answers: an endless body
+// or one that never comes costs one bounded read and an error, never a
+// worker.
+func TestAgentsAtBoundsTheRead(t *testing.T) {
+	endless := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		line := []byte("konnectivity_network_proxy_server_ready_backends{proxy_strategy=\"default\"} 3\n")
+		for r.Context().Err() == nil {
+			if _, err := w.Write(line); err != nil {
+				return
+			}
+		}
+	}))
+	defer endless.Close()
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+	}))
+	defer silent.Close()
+	real := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "# TYPE konnectivity_network_proxy_server_ready_backends gauge\nkonnectivity_network_proxy_server_ready_backends{proxy_strategy=\"default\"} 2\n")
+	}))
+	defer real.Close()
+	for name, url := range map[string]string{"endless": endless.URL, "silent": silent.URL} {
+		start := time.Now()
+		if n, err := agentsAt(context.Background(), url); err == nil {
+			t.Errorf("%s: %d agents, want an error", name, n)
+		}
+		if took := time.Since(start); took > agentsReadTimeout+time.Second {
+			t.Errorf("%s: the read took %s", name, took)
+		}
+	}
+	if n, err := agentsAt(context.Background(), real.URL); err != nil || n != 2 {
+		t.Errorf("agentsAt: %d, %v; want 2", n, err)
 	}
 }

@@ -115,9 +115,9 @@ type TenantControlPlaneReconciler struct {
 	// Tenants reaches tenant clusters (shared with the Host controller);
 	// SetupWithManager makes one when nil.
 	Tenants *tenantcluster.Cache
-	// AgentCounter reads a control-plane host's konnectivity agents
-	// (agentsOnHost when nil).
-	AgentCounter AgentCounter
+	// agentCounter reads a control-plane host's konnectivity agents
+	// (agentsOnHost when nil; tests set it).
+	agentCounter agentCounter
 
 	statuses     statusMemo[apiary.TenantControlPlaneStatus]
 	bootstrapper tenantBootstrapper
