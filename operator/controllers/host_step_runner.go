@@ -168,12 +168,13 @@ func (s *stepRunner) stop(h *apiary.Host, keep ...string) (running bool) {
 	s.forgetWaiting(tenantKey(h), string(h.UID))
 	prefix := string(h.UID) + "/"
 	for key, run := range s.runs {
-		kept := slices.ContainsFunc(keep, func(name string) bool { return strings.HasPrefix(key, startKey(h.UID, name)+"@") })
-		if strings.HasPrefix(key, prefix) && !kept {
-			if run.done {
-				delete(s.runs, key)
-				continue
-			}
+		rest, ours := strings.CutPrefix(key, prefix)
+		step, _, _ := strings.Cut(rest, "@") // runKey: uid/step@start
+		switch {
+		case !ours || slices.Contains(keep, step):
+		case run.done:
+			delete(s.runs, key)
+		default:
 			run.cancel()
 			running = true
 		}
