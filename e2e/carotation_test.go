@@ -64,8 +64,8 @@ func (e *env) testCARotation(t *testing.T, name, shape string, hostNames []strin
 	// logs and exec on each web pod, one after the other.
 	tc := e.tenantClient(t, kcBefore)
 	pods, err := readyPods(e.Ctx, tc, workload, "app=web")
-	if err != nil || len(pods) == 0 {
-		t.Fatalf("%d ready web pods in %s (%v)", len(pods), workload, err)
+	if err != nil || len(pods) != 2 {
+		t.Fatalf("%d ready web pods in %s (%v), want 2", len(pods), workload, err)
 	}
 	probe := &kubeletProbe{}
 	wg.Add(1)

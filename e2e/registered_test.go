@@ -242,29 +242,33 @@ func (e *env) checkHostsOnly(t *testing.T, tcp *apiary.TenantControlPlane, addre
 		want = append(want, render.EndpointSliceManager+":"+a+":true")
 	}
 	slices.Sort(want)
+	// On both ports: the API server's, and the konnectivity agents'
+	// (a slice of its own, so that a host takes agents before clients).
 	framework.Eventually(t, "only the hosts behind the Service", time.Minute, func() error {
-		got, err := e.serviceBackends(tcp)
-		if err != nil {
-			return err
-		}
-		if !slices.Equal(got, want) {
-			return fmt.Errorf("the Service's backends %v, want %v", got, want)
+		for _, port := range []string{"https", konnectivity.AgentPortName} {
+			got, err := e.serviceBackends(tcp, port)
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("the Service's backends on port %s %v, want %v", port, got, want)
+			}
 		}
 		return nil
 	})
 }
 
-// serviceBackends lists the backends of a tenant Service's API server
-// port, over every EndpointSlice, as manager:address:ready, sorted.
-func (e *env) serviceBackends(tcp *apiary.TenantControlPlane) ([]string, error) {
+// serviceBackends lists the backends of a tenant Service's port (by
+// name), over every EndpointSlice, as manager:address:ready, sorted.
+func (e *env) serviceBackends(tcp *apiary.TenantControlPlane, port string) ([]string, error) {
 	var list discoveryv1.EndpointSliceList
 	if err := e.C.List(e.Ctx, &list, client.InNamespace(tcp.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: render.ServiceName(tcp)}); err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, s := range list.Items {
-		if !slices.ContainsFunc(s.Ports, func(p discoveryv1.EndpointPort) bool { return ptr.Deref(p.Name, "") == "https" }) {
-			continue // the operator's slice of the agent port
+		if !slices.ContainsFunc(s.Ports, func(p discoveryv1.EndpointPort) bool { return ptr.Deref(p.Name, "") == port }) {
+			continue
 		}
 		for _, ep := range s.Endpoints {
 			out = append(out, fmt.Sprintf("%s:%s:%v", s.Labels[discoveryv1.LabelManagedBy], strings.Join(ep.Addresses, ","), ptr.Deref(ep.Conditions.Ready, false)))
