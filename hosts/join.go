@@ -123,6 +123,30 @@ func tail(s string, n int) string {
 // ansiEscape matches the colour and cursor sequences of a terminal.
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
 
+// UpgradeKubelet is UpgradeNode for a registered tenant's control-plane
+// host: only kubeadm's kubelet-config phase, then the kubelet restarted.
+// `kubeadm upgrade node` would take the host for one of its own control
+// planes (it finds kube-apiserver's manifest) and upgrade its static Pods
+// and the tenant's addons with admin.conf, which the host does not have:
+// the operator owns those. The phase reads the node's API endpoint from
+// its kube-apiserver mirror Pod (the manifest's kubeadm annotation) with
+// the kubelet's own credentials.
+func UpgradeKubelet(ctx context.Context, c *Client) (string, error) {
+	script := fmt.Sprintf(`set -e
+patches=
+if [ -d %[1]s ]; then patches="--patches %[1]s"; fi
+kubeadm upgrade node phase kubelet-config --kubeconfig %[2]s $patches 2>&1
+systemctl daemon-reload
+systemctl restart kubelet
+kubelet --version
+`, patchesDir, KubeletKubeconfig)
+	out, err := c.RunScript(ctx, script)
+	if err != nil {
+		return out, fmt.Errorf("kubeadm upgrade node phase kubelet-config: %w\n%s", err, tail(out, 15))
+	}
+	return out, nil
+}
+
 // UpgradeNode runs `kubeadm upgrade node` on a joined worker whose new
 // node software Install has put in place, then restarts the kubelet on it.
 // kubeadm rewrites the kubelet's configuration from the tenant's
