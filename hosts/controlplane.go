@@ -124,6 +124,19 @@ func WriteControlPlane(ctx context.Context, c *Client, files, manifests []File) 
 	return len(changed), nil
 }
 
+// waitForNoControlPlane is a script that waits up to wait seconds for the
+// control-plane processes to exit, and fails naming those still running.
+func waitForNoControlPlane(wait int) string {
+	// pgrep matches the kernel's command name, cut to 15 characters.
+	var names []string
+	for _, p := range ControlPlaneProcesses {
+		names = append(names, p[:min(len(p), 15)])
+	}
+	pattern := strings.Join(names, "|")
+	return fmt.Sprintf("i=0\nwhile pgrep -x '%s' >/dev/null 2>&1; do\n  i=$((i+1))\n  if [ $i -gt %d ]; then echo \"still running: $(pgrep -l -x '%s' | tr '\\n' ' ')\" >&2; exit 1; fi\n  sleep 1\ndone\n",
+		pattern, wait, pattern)
+}
+
 // RemoveControlPlane removes the manifests (the kubelet stops their pods),
 // waits up to wait seconds for the control-plane processes to exit, then
 // removes the files (but keep, which the kubelet itself reads: the cluster
@@ -135,14 +148,9 @@ func RemoveControlPlane(ctx context.Context, c *Client, manifests, files []strin
 	for _, m := range manifests {
 		fmt.Fprintf(&s, "rm -f '%s'\n", m)
 	}
-	// pgrep matches the kernel's command name, cut to 15 characters.
-	var names []string
-	for _, p := range ControlPlaneProcesses {
-		names = append(names, p[:min(len(p), 15)])
-	}
-	pattern := strings.Join(names, "|")
-	fmt.Fprintf(&s, "i=0\nwhile pgrep -x '%s' >/dev/null 2>&1; do\n  i=$((i+1))\n  if [ $i -gt %d ]; then echo \"still running: $(pgrep -l -x '%s' | tr '\\n' ' ')\" >&2; exit 1; fi\n  sleep 1\ndone\n",
-		pattern, wait, pattern)
+	// Manifests a kubelet upgrade held aside go too.
+	fmt.Fprintf(&s, "rm -rf '%s'\n", heldManifestsDir)
+	s.WriteString(waitForNoControlPlane(wait))
 	for _, f := range files {
 		kept := false
 		for _, k := range keep {

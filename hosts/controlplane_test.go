@@ -20,9 +20,9 @@ func controlPlaneHost(t *testing.T) (*Client, string) {
 	}
 	c := dialTestServer(t, serverOptions{shell: true, sftp: "local"})
 	dir := t.TempDir()
-	old := cpStageDir
-	cpStageDir = filepath.Join(dir, "stage")
-	t.Cleanup(func() { cpStageDir = old })
+	old, oldHeld := cpStageDir, heldManifestsDir
+	cpStageDir, heldManifestsDir = filepath.Join(dir, "stage"), filepath.Join(dir, "manifests-held")
+	t.Cleanup(func() { cpStageDir, heldManifestsDir = old, oldHeld })
 	return c, dir
 }
 
@@ -137,5 +137,77 @@ func TestRemoveControlPlane(t *testing.T) {
 	}
 	if _, err := os.Stat(ca); err != nil {
 		t.Error("the kubelet's CA was removed")
+	}
+}
+
+// A kubelet upgrade holds the manifests aside while the control plane
+// stops, and puts them back whatever happens next: here kubeadm fails.
+func TestUpgradeKubeletPutsTheManifestsBack(t *testing.T) {
+	c, dir := controlPlaneHost(t)
+	oldM, oldH, oldP, oldK := manifestsDir, heldManifestsDir, ControlPlaneProcesses, kubeletConfigPhase
+	manifestsDir, heldManifestsDir = filepath.Join(dir, "manifests"), filepath.Join(dir, "manifests-held")
+	ControlPlaneProcesses = []string{"apiary-test-kas"}
+	kubeletConfigPhase = "echo kubeadm here; false"
+	t.Cleanup(func() {
+		manifestsDir, heldManifestsDir, ControlPlaneProcesses, kubeletConfigPhase = oldM, oldH, oldP, oldK
+	})
+	manifest := filepath.Join(manifestsDir, "kube-apiserver.yaml")
+	if err := os.MkdirAll(manifestsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, []byte("kind: Pod\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The control plane takes a second to stop once its manifest is gone.
+	bin := filepath.Join(dir, "apiary-test-kas")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	proc := exec.Command(bin, "60")
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	heldWhileRunning := make(chan bool, 1)
+	go func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, err := os.Stat(filepath.Join(heldManifestsDir, "kube-apiserver.yaml")); err == nil {
+				_, gone := os.Stat(manifest)
+				heldWhileRunning <- os.IsNotExist(gone)
+				time.Sleep(time.Second)
+				_ = proc.Process.Kill()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		heldWhileRunning <- false
+		_ = proc.Process.Kill()
+	}()
+	defer func() { _ = proc.Process.Kill(); _, _ = proc.Process.Wait() }()
+	go func() { _, _ = proc.Process.Wait() }()
+	start := time.Now()
+	out, err := UpgradeKubelet(t.Context(), c, 10)
+	if err == nil || !strings.Contains(out, "kubeadm here") {
+		t.Fatalf("kubeadm failed, yet: %v\n%s", err, out)
+	}
+	if !<-heldWhileRunning {
+		t.Error("the manifest was not held aside while the control plane ran")
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("kubeadm ran after %s: before the control plane had stopped", took)
+	}
+	if got, err := os.ReadFile(manifest); err != nil || string(got) != "kind: Pod\n" {
+		t.Errorf("the manifest after the failure: %q, %v", got, err)
+	}
+	if _, err := os.Stat(heldManifestsDir); !os.IsNotExist(err) {
+		t.Errorf("the held directory stayed: %v", err)
 	}
 }

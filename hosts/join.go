@@ -124,28 +124,53 @@ func tail(s string, n int) string {
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
 
 // UpgradeKubelet is UpgradeNode for a registered tenant's control-plane
-// host: only kubeadm's kubelet-config phase, then the kubelet restarted.
-// `kubeadm upgrade node` would take the host for one of its own control
-// planes (it finds kube-apiserver's manifest) and upgrade its static Pods
-// and the tenant's addons with admin.conf, which the host does not have:
-// the operator owns those. The phase reads the node's API endpoint from
-// its kube-apiserver mirror Pod (the manifest's kubeadm annotation) with
-// the kubelet's own credentials.
-func UpgradeKubelet(ctx context.Context, c *Client) (string, error) {
+// host, taken out of the tenant's Service: the static Pod manifests are
+// held aside, so that the kubelet stops the control plane gracefully (a
+// new kubelet kills the pods of the old one with a 1 s grace period, which
+// resets the connections clients still hold, seen in e2e), and the script
+// waits up to wait seconds for the processes to exit. Without a
+// kube-apiserver manifest kubeadm takes the host for a worker, so its
+// kubelet-config phase runs as on a worker: the whole `kubeadm upgrade
+// node` would also upgrade a control plane and addons, which the operator
+// owns. The kubelet restarts at the new version, and the manifests go back
+// whatever the script's outcome, which starts the control plane again.
+// Run again (an interrupted step), it does the same.
+func UpgradeKubelet(ctx context.Context, c *Client, wait int) (string, error) {
 	script := fmt.Sprintf(`set -e
+held=%[1]s
+manifests=%[2]s
+mkdir -p "$held" && chmod 0700 "$held"
+restore() {
+  for f in "$held"/*.yaml; do if [ -e "$f" ]; then mv -f "$f" "$manifests"/; fi; done
+  rmdir "$held" 2>/dev/null || true
+}
+trap restore EXIT
+for f in "$manifests"/*.yaml; do if [ -e "$f" ]; then mv -f "$f" "$held"/; fi; done
+%[3]s
 patches=
-if [ -d %[1]s ]; then patches="--patches %[1]s"; fi
-kubeadm upgrade node phase kubelet-config --kubeconfig %[2]s $patches 2>&1
+if [ -d %[4]s ]; then patches="--patches %[4]s"; fi
+%[5]s --kubeconfig %[6]s $patches 2>&1
 systemctl daemon-reload
 systemctl restart kubelet
 kubelet --version
-`, patchesDir, KubeletKubeconfig)
+`, heldManifestsDir, manifestsDir, waitForNoControlPlane(wait), patchesDir, kubeletConfigPhase, KubeletKubeconfig)
 	out, err := c.RunScript(ctx, script)
 	if err != nil {
-		return out, fmt.Errorf("kubeadm upgrade node phase kubelet-config: %w\n%s", err, tail(out, 15))
+		return out, fmt.Errorf("upgrading the kubelet of a control-plane host: %w\n%s", err, tail(out, 15))
 	}
 	return out, nil
 }
+
+var (
+	// manifestsDir is the kubelet's static Pod directory.
+	manifestsDir = "/etc/kubernetes/manifests"
+	// heldManifestsDir holds the manifests while UpgradeKubelet runs;
+	// under /etc/kubernetes, so that a reset removes it too.
+	heldManifestsDir = "/etc/kubernetes/manifests-held"
+	// kubeletConfigPhase rewrites the kubelet's configuration from the
+	// tenant's kubelet-config ConfigMap.
+	kubeletConfigPhase = "kubeadm upgrade node phase kubelet-config"
+)
 
 // UpgradeNode runs `kubeadm upgrade node` on a joined worker whose new
 // node software Install has put in place, then restarts the kubelet on it.
