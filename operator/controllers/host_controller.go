@@ -128,7 +128,7 @@ func (r *HostReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&apiary.Host{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.controlPlaneHostsOf), builder.WithPredicates(tenantChangesJoins())).
-		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.workerHostsOf), builder.WithPredicates(tenantChangesWorkerVersion())).
+		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.allHostsOf), builder.WithPredicates(tenantChangesHostVersion())).
 		Watches(&apiary.Host{}, handler.EnqueueRequestsFromMapFunc(r.siblingsOf), builder.WithPredicates(predicate.Or(upgradeSlotFreed(), caStepFreed()))).
 		Watches(&apiary.TenantControlPlane{}, handler.EnqueueRequestsFromMapFunc(r.allHostsOf), builder.WithPredicates(tenantChangesCA())).
 		// A step that ran off the worker has ended.

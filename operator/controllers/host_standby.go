@@ -193,12 +193,6 @@ func (r *HostReconciler) controlPlaneHostsOf(ctx context.Context, o client.Objec
 	return r.hostsOf(ctx, o, func(role apiary.HostRole) bool { return role == apiary.HostRoleControlPlane })
 }
 
-// workerHostsOf maps a tenant to its worker Hosts, which follow its
-// version.
-func (r *HostReconciler) workerHostsOf(ctx context.Context, o client.Object) []reconcile.Request {
-	return r.hostsOf(ctx, o, func(role apiary.HostRole) bool { return role != apiary.HostRoleControlPlane })
-}
-
 // allHostsOf maps a tenant to all its Hosts.
 func (r *HostReconciler) allHostsOf(ctx context.Context, o client.Object) []reconcile.Request {
 	return r.hostsOf(ctx, o, func(apiary.HostRole) bool { return true })
@@ -219,10 +213,12 @@ func (r *HostReconciler) hostsOf(ctx context.Context, o client.Object, wanted fu
 	return out
 }
 
-// tenantChangesWorkerVersion passes the tenant changes that start or hold
-// its workers' upgrades: the version it runs or wants, and
-// spec.hostUpgrades.
-func tenantChangesWorkerVersion() predicate.Predicate {
+// tenantChangesHostVersion passes the tenant changes that start or hold
+// its Hosts' upgrades: the version it runs or wants, spec.hostUpgrades, a
+// mode switch ending (a control-plane Host waits for it), and its
+// control-plane host steps (a control-plane Host waits for the tenant to
+// take it out of its Service).
+func tenantChangesHostVersion() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return false },
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -232,7 +228,8 @@ func tenantChangesWorkerVersion() predicate.Predicate {
 				return false
 			}
 			return o.Status.Version != n.Status.Version || o.Spec.Version != n.Spec.Version ||
-				!equality.Semantic.DeepEqual(o.Spec.HostUpgrades, n.Spec.HostUpgrades)
+				!equality.Semantic.DeepEqual(o.Spec.HostUpgrades, n.Spec.HostUpgrades) ||
+				o.Status.Switching() != n.Status.Switching() || hostSteps(o) != hostSteps(n)
 		},
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
@@ -255,4 +252,14 @@ func tenantChangesJoins() predicate.Predicate {
 		},
 		DeleteFunc: func(event.DeleteEvent) bool { return false },
 	}
+}
+
+// hostSteps is the tenant's control-plane host steps, but their messages
+// and times.
+func hostSteps(tcp *apiary.TenantControlPlane) string {
+	var b strings.Builder
+	for _, h := range tcp.Status.ControlPlaneHosts {
+		fmt.Fprintf(&b, "%s/%s/%s/%v;", h.Host, h.Step, h.Result, h.Serving)
+	}
+	return b.String()
 }

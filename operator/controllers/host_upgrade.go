@@ -1,15 +1,25 @@
 package controllers
 
-// A joined worker Host follows its tenant's version once the control plane
-// runs it (the Kubernetes skew policy: a kubelet is never newer than the
-// API server): cordoned and drained, the new node bundle installed,
-// `kubeadm upgrade node`, the kubelet restarted, the Node back Ready at the
-// new version, uncordoned. Each part is a journal step (upgrade-drain,
+// A joined Host follows its tenant's version once the control plane runs
+// it (the Kubernetes skew policy: a kubelet is never newer than the API
+// server): cordoned and drained, the new node bundle installed, `kubeadm
+// upgrade node`, the kubelet restarted, the Node back Ready at the new
+// version, uncordoned. Each part is a journal step (upgrade-drain,
 // upgrade-install, upgrade-node, upgrade-ready), written before the host is
 // touched and idempotent, so an operator killed mid-host resumes where it
 // was. At most spec.hostUpgrades.maxParallel Hosts of a tenant upgrade at
 // once; a Host whose upgrade fails keeps its slot (and its Node stays
 // cordoned), which stops the rollout until it succeeds.
+//
+// A registered tenant's control-plane Host runs the tenant's static Pods,
+// which a new kubelet kills (seen in e2e, v1.36 to v1.37): it asks for the
+// upgrade (status.upgradingTo) and starts only once the tenant has taken
+// it out of its Service (the tenant's host step kubelet) and new
+// connections have drained; the tenant brings it back when its
+// kube-apiserver answers again. Its upgrade-node step stops the static
+// Pods gracefully first (clients on connections made before still reach
+// the host) and runs only kubeadm's kubelet-config phase
+// (hosts.UpgradeKubelet).
 
 import (
 	"context"
@@ -80,15 +90,7 @@ const maxKubeletSkew = 3
 // look again (0: no opinion).
 func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host) (ctrl.Result, bool, error) {
 	st := &h.Status
-	// A registered tenant's control-plane Host does not start one: the
-	// static kube-apiserver there restarted while its kubelet was
-	// reconfigured and restarted at the new version (seen in e2e, v1.36
-	// to v1.37), so the host must first leave the tenant's Service, as
-	// for a static Pod update. That hand-over is not built: such a Host
-	// keeps its kubelet (within the skew policy). One that started as a
-	// worker finishes (its role changed back mid-upgrade): the tenant
-	// starts its control plane only once the Host is Ready again.
-	if st.NodeName == "" || h.Spec.Role != apiary.HostRoleWorker && st.UpgradingTo == "" {
+	if st.NodeName == "" {
 		return ctrl.Result{}, false, nil
 	}
 	if join := journalStep(st, StepJoin); join == nil || join.Result != StepSucceeded {
@@ -119,8 +121,12 @@ func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host
 		}
 		st.UpgradingTo = tcp.Status.Version
 		st.Journal = slices.DeleteFunc(st.Journal, func(s apiary.HostStep) bool { return slices.Contains(upgradeSteps, s.Name) })
+		how := "drain, install, kubeadm upgrade node, Node Ready"
+		if h.Spec.Role == apiary.HostRoleControlPlane {
+			how = "out of the tenant's Service, drain, install, kubeadm's kubelet-config phase, Node Ready, back in the Service"
+		}
 		r.setCondition(h, apiary.HostConditionUpToDate, metav1.ConditionFalse, ReasonHostUpgrading,
-			fmt.Sprintf("upgrading from %s to %s: drain, install, kubeadm upgrade node, Node Ready", st.Version, st.UpgradingTo))
+			fmt.Sprintf("upgrading from %s to %s: %s", st.Version, st.UpgradingTo, how))
 		r.Recorder.Eventf(h, nil, corev1.EventTypeNormal, "UpgradeStarted", "Upgrade", "Node %s: %s → %s", st.NodeName, st.Version, st.UpgradingTo)
 		st.Phase = apiary.HostPhaseUpgrading
 		if err := r.writeStatus(ctx, orig, h); err != nil {
@@ -132,6 +138,18 @@ func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host
 		step := journalStep(st, name)
 		if step != nil && step.Result == StepSucceeded {
 			continue
+		}
+		if name == StepUpgradeDrain && step == nil && h.Spec.Role == apiary.HostRoleControlPlane {
+			var tcp apiary.TenantControlPlane
+			if err := r.Client.Get(ctx, client.ObjectKey{Namespace: h.Namespace, Name: h.Spec.TenantControlPlane}, &tcp); err != nil {
+				return ctrl.Result{}, true, client.IgnoreNotFound(err)
+			}
+			if wait, why := handedOver(&tcp, h.Name, r.Now()); wait > 0 {
+				r.setCondition(h, apiary.HostConditionUpToDate, metav1.ConditionFalse, ReasonHostUpgrading,
+					fmt.Sprintf("upgrading from %s to %s: %s", st.Version, st.UpgradingTo, why))
+				st.Phase = apiary.HostPhaseUpgrading
+				return ctrl.Result{RequeueAfter: wait}, true, nil
+			}
 		}
 		wait, start := r.stepDue(h.UID, step)
 		if wait > 0 {
@@ -149,7 +167,10 @@ func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host
 			res = r.upgradeDrain(ctx, h, step)
 		case StepUpgradeInstall, StepUpgradeNode:
 			fn := r.upgradeInstall
-			if name == StepUpgradeNode {
+			switch {
+			case name == StepUpgradeNode && h.Spec.Role == apiary.HostRoleControlPlane:
+				fn = r.upgradeKubelet
+			case name == StepUpgradeNode:
 				fn = r.upgradeNode
 			}
 			var ended bool
@@ -192,7 +213,12 @@ func (r *HostReconciler) upgradeWanted(h *apiary.Host, tcp *apiary.TenantControl
 			fmt.Sprintf("runs %s; follows once the control plane runs %s (it runs %s)", st.Version, tcp.Spec.Version, tcp.Status.Version))
 		return ctrl.Result{}, false
 	}
-	if on := controlPlaneOn(tcp); slices.Contains(on, h.Name) {
+	if h.Spec.Role == apiary.HostRoleControlPlane && tcp.Status.Switching() {
+		r.setCondition(h, apiary.HostConditionUpToDate, metav1.ConditionFalse, ReasonWaitingForControlPlane,
+			fmt.Sprintf("runs %s; follows to %s once the tenant's switch to %s ends", st.Version, target, tcp.Status.ModeSwitch.Target))
+		return ctrl.Result{RequeueAfter: upgradeTurnPoll}, false
+	}
+	if on := controlPlaneOn(tcp); h.Spec.Role != apiary.HostRoleControlPlane && slices.Contains(on, h.Name) {
 		// A control-plane Host just made a worker: the tenant stops its
 		// static Pods first (kubeadm would take their manifests for its
 		// own control plane).
@@ -295,6 +321,47 @@ func (r *HostReconciler) upgradeNode(ctx context.Context, h *apiary.Host, step *
 	}
 	r.succeedStep(step, "kubeadm upgrade node, kubelet restarted")
 	return ctrl.Result{}
+}
+
+// upgradeKubelet is upgradeNode on a registered tenant's control-plane
+// Host, out of the tenant's Service: its static Pods stopped gracefully,
+// kubeadm's kubelet-config phase, the kubelet restarted, the static Pods
+// back (hosts.UpgradeKubelet).
+func (r *HostReconciler) upgradeKubelet(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
+	c, _, err := r.connect(ctx, h)
+	if err != nil {
+		return r.failUpgrade(ctx, h, step, err.Error())
+	}
+	defer c.Close()
+	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if _, err := hosts.UpgradeKubelet(runCtx, c, hostRemoveWait); err != nil {
+		return r.failUpgrade(ctx, h, step, err.Error())
+	}
+	r.succeedStep(step, "static Pods stopped, kubeadm upgrade node phase kubelet-config, kubelet restarted, static Pods back")
+	return ctrl.Result{}
+}
+
+// handedOver says how long a control-plane Host waits before its upgrade
+// starts, and why (0: it may start). It may when none of the tenant's
+// control plane runs on it, or once the tenant has taken it out of its
+// Service for the upgrade (its host step kubelet) and connections have
+// drained; a host the tenant keeps serving (its only backend) starts at
+// once, restarted in place.
+func handedOver(tcp *apiary.TenantControlPlane, name string, now time.Time) (time.Duration, string) {
+	if !slices.Contains(controlPlaneOn(tcp), name) {
+		return 0, ""
+	}
+	for _, cp := range tcp.Status.ControlPlaneHosts {
+		if cp.Host != name || cp.Step != apiary.HostStepKubelet || cp.Result != resultRunning {
+			continue
+		}
+		if left := drainFor - now.Sub(cp.Started.Time); !cp.Serving && left > 0 {
+			return left, fmt.Sprintf("out of the tenant's Service; connections drain for %s", left.Round(time.Second))
+		}
+		return 0, ""
+	}
+	return upgradeTurnPoll, "waits for the tenant to take it out of its Service (the tenant's control plane runs here)"
 }
 
 // upgradeReady waits for the Node to be Ready with the new kubelet, then

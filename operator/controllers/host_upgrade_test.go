@@ -87,6 +87,63 @@ func TestUpgradeWaitsForTheControlPlaneToLeave(t *testing.T) {
 	}
 }
 
+func TestControlPlaneHostWaitsForTheHandOver(t *testing.T) {
+	now := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	at := func(ago time.Duration) metav1.Time { return metav1.NewTime(now.Add(-ago)) }
+	for _, c := range []struct {
+		name      string
+		hosts     []apiary.ControlPlaneHostStatus
+		wait      time.Duration
+		inMessage string
+	}{
+		{"no control plane on the host", nil, 0, ""},
+		{"its control plane stopped", []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepStop, Result: StepSucceeded}}, 0, ""},
+		{"serving", []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepUpdate, Result: StepSucceeded, Serving: true}},
+			upgradeTurnPoll, "waits for the tenant to take it out of its Service"},
+		{"another host's kubelet step", []apiary.ControlPlaneHostStatus{
+			{Host: "cp-1", Step: apiary.HostStepStart, Result: StepSucceeded, Serving: true},
+			{Host: "cp-2", Step: apiary.HostStepKubelet, Result: StepRunning, Started: at(time.Minute)}},
+			upgradeTurnPoll, "waits for the tenant"},
+		{"out of the Service, draining", []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepKubelet, Result: StepRunning, Started: at(3 * time.Second)}},
+			drainFor - 3*time.Second, "connections drain for 7s"},
+		{"out of the Service, drained", []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepKubelet, Result: StepRunning, Started: at(drainFor)}}, 0, ""},
+		// The tenant's only backend is upgraded in place.
+		{"kept serving", []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepKubelet, Result: StepRunning, Serving: true, Started: at(time.Second)}}, 0, ""},
+		{"a kubelet step that ended", []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepKubelet, Result: StepSucceeded, Serving: true}},
+			upgradeTurnPoll, "waits for the tenant"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tcp := &apiary.TenantControlPlane{}
+			tcp.Status.ControlPlaneHosts = c.hosts
+			wait, why := handedOver(tcp, "cp-1", now)
+			if wait != c.wait || !strings.Contains(why, c.inMessage) {
+				t.Errorf("handedOver: %s %q, want %s and %q", wait, why, c.wait, c.inMessage)
+			}
+		})
+	}
+}
+
+func TestControlPlaneHostWaitsForAModeSwitch(t *testing.T) {
+	r := &HostReconciler{Recorder: events.NewFakeRecorder(10), Now: time.Now}
+	tcp := &apiary.TenantControlPlane{}
+	tcp.Spec.Version, tcp.Status.Version = "v1.37.2", "v1.37.2"
+	tcp.Status.ControlPlaneHosts = []apiary.ControlPlaneHostStatus{{Host: "cp-1", Step: apiary.HostStepStart, Result: StepSucceeded, Serving: true}}
+	h := &apiary.Host{ObjectMeta: metav1.ObjectMeta{Name: "cp-1"}, Spec: apiary.HostSpec{Role: apiary.HostRoleControlPlane}}
+	h.Status.Version = "v1.36.3"
+	// Its control plane on it is no reason to wait: the tenant takes it
+	// out of the Service once it asks.
+	if _, start := r.upgradeWanted(h, tcp); !start {
+		t.Fatalf("a control-plane Host serving a registered tenant does not start its upgrade: %+v", h.Status.Conditions)
+	}
+	tcp.Status.ModeSwitch = &apiary.ModeSwitchStatus{Target: apiary.ModeStandalone, Phase: apiary.SwitchScalingUp}
+	if _, start := r.upgradeWanted(h, tcp); start {
+		t.Fatal("a control-plane Host starts its upgrade during a mode switch")
+	}
+	if cond := meta.FindStatusCondition(h.Status.Conditions, apiary.HostConditionUpToDate); cond == nil || cond.Reason != ReasonWaitingForControlPlane || !strings.Contains(cond.Message, "switch to standalone ends") {
+		t.Errorf("condition %+v, want WaitingForControlPlane naming the switch", cond)
+	}
+}
+
 func TestHostVersions(t *testing.T) {
 	host := func(name, version, upgradingTo, reason string) apiary.Host {
 		h := apiary.Host{ObjectMeta: metav1.ObjectMeta{Name: name}}
@@ -107,11 +164,11 @@ func TestHostVersions(t *testing.T) {
 		message string
 	}{
 		{"all at the version", []apiary.Host{host("w1", "v1.37.2", "", ""), host("w2", "v1.37.2", "", "")},
-			metav1.ConditionTrue, ReasonAtVersion, "every worker Host (2) runs v1.37.2"},
+			metav1.ConditionTrue, ReasonAtVersion, "every joined Host (2) runs v1.37.2"},
 		{"one upgrading, one waiting", []apiary.Host{host("w2", "v1.36.3", "", ReasonWaitingForTurn), host("w1", "v1.36.3", "v1.37.2", ReasonHostUpgrading)},
-			metav1.ConditionFalse, ReasonHostUpgrading, "0 of 2 worker Hosts run v1.37.2; lagging: w1 (v1.36.3, Upgrading), w2 (v1.36.3, WaitingForTurn)"},
+			metav1.ConditionFalse, ReasonHostUpgrading, "0 of 2 joined Hosts run v1.37.2; lagging: w1 (v1.36.3, Upgrading), w2 (v1.36.3, WaitingForTurn)"},
 		{"a failure first", []apiary.Host{host("w1", "v1.37.2", "", ""), host("w2", "v1.36.3", "v1.37.2", ReasonUpgradeFailed), host("w3", "v1.36.3", "", ReasonWaitingForTurn)},
-			metav1.ConditionFalse, ReasonUpgradeFailed, "1 of 3 worker Hosts run v1.37.2; lagging: w2 (v1.36.3, UpgradeFailed), w3"},
+			metav1.ConditionFalse, ReasonUpgradeFailed, "1 of 3 joined Hosts run v1.37.2; lagging: w2 (v1.36.3, UpgradeFailed), w3"},
 		{"paused", []apiary.Host{host("w1", "v1.36.3", "", ReasonUpgradePaused)},
 			metav1.ConditionFalse, ReasonUpgradePaused, "lagging: w1 (v1.36.3, Paused)"},
 	} {

@@ -53,11 +53,12 @@ type agentCounter func(ctx context.Context, address string) (int, error)
 // agentsBehind says why host h, whose kube-apiserver answers, is not put
 // in the Service yet, or "" when it may serve: its konnectivity-server has
 // at least as many agents as each serving host's (read on each host's
-// health port), or agentsWait has passed since its step began, or no
+// health port), or agentsWait has passed since (its step began, or its
+// kubelet upgrade ended), or no
 // other host serves (nothing to compare with, and nothing better to
 // offer clients).
-func (r *TenantControlPlaneReconciler) agentsBehind(ctx context.Context, tcp *apiary.TenantControlPlane, h *apiary.ControlPlaneHostStatus, now time.Time) string {
-	if !render.KonnectivityEnabled(tcp) || now.Sub(h.Started.Time) >= agentsWait {
+func (r *TenantControlPlaneReconciler) agentsBehind(ctx context.Context, tcp *apiary.TenantControlPlane, h *apiary.ControlPlaneHostStatus, since, now time.Time) string {
+	if !render.KonnectivityEnabled(tcp) || now.Sub(since) >= agentsWait {
 		return ""
 	}
 	count := r.agentCounter
@@ -79,7 +80,7 @@ func (r *TenantControlPlaneReconciler) agentsBehind(ctx context.Context, tcp *ap
 	have, err := count(ctx, h.Address)
 	// A fixed deadline, not a countdown: the message is status, written
 	// only when it changes.
-	by := h.Started.Add(agentsWait).UTC().Format(time.RFC3339)
+	by := since.Add(agentsWait).UTC().Format(time.RFC3339)
 	switch {
 	case err != nil:
 		return fmt.Sprintf("kube-apiserver answers /readyz; its konnectivity-server's agents cannot be read (%v); in the Service at %s at the latest", err, by)

@@ -58,7 +58,7 @@ func TestAgentsBehind(t *testing.T) {
 				return n, nil
 			}}
 			tcp := tenant(c.konnectivity)
-			got := r.agentsBehind(context.Background(), tcp, &tcp.Status.ControlPlaneHosts[0], started.Add(c.after))
+			got := r.agentsBehind(context.Background(), tcp, &tcp.Status.ControlPlaneHosts[0], started, started.Add(c.after))
 			if c.wait == "" && got != "" || c.wait != "" && !strings.Contains(got, c.wait) {
 				t.Errorf("agentsBehind: %q, want %q", got, c.wait)
 			}

@@ -26,17 +26,25 @@ import (
 )
 
 // wantedHosts are the tenant's Hosts that should run its control plane:
-// joined (phase Ready) with role control-plane, by name.
+// joined (phase Ready) with role control-plane, by name, and those it runs
+// on that upgrade their kubelet (phase Upgrading, which lasts until the
+// Host sees its Node again, a little after status.upgradingTo is cleared;
+// or Failed at an upgrade step, which is retried: its control plane
+// stays, out of the Service).
 func (r *TenantControlPlaneReconciler) wantedHosts(ctx context.Context, tcp *apiary.TenantControlPlane) (map[string]*apiary.Host, error) {
 	var list apiary.HostList
 	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
 		return nil, fmt.Errorf("listing the Hosts of %s: %w", tcp.Namespace, err)
 	}
+	on := controlPlaneOn(tcp)
 	out := map[string]*apiary.Host{}
 	for i := range list.Items {
 		h := &list.Items[i]
-		if h.Spec.TenantControlPlane == tcp.Name && h.Spec.Role == apiary.HostRoleControlPlane &&
-			h.Status.Phase == apiary.HostPhaseReady && h.DeletionTimestamp.IsZero() {
+		if h.Spec.TenantControlPlane != tcp.Name || h.Spec.Role != apiary.HostRoleControlPlane || !h.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if h.Status.Phase == apiary.HostPhaseReady ||
+			(h.Status.Phase == apiary.HostPhaseUpgrading || h.Status.Phase == apiary.HostPhaseFailed && h.Status.UpgradingTo != "") && slices.Contains(on, h.Name) {
 			out[h.Name] = h
 		}
 	}
@@ -128,10 +136,11 @@ func (r *TenantControlPlaneReconciler) hostStep(ctx context.Context, tcp *apiary
 		h.Address = address
 		switch {
 		case step == apiary.HostStepStart:
-		case step == apiary.HostStepUpdate && h.Serving && servingHosts(st) == 1 && st.ReadyReplicas == 0:
+		case (step == apiary.HostStepUpdate || step == apiary.HostStepKubelet) && h.Serving && servingHosts(st) == 1 && st.ReadyReplicas == 0:
 			// The only backend: taking it out would leave the address
 			// with nothing behind it for the drain and the restart. It
-			// is rewritten in place (clients see its restart).
+			// is rewritten (or its kubelet upgraded) in place: clients
+			// see its restart.
 		default:
 			// Out of the Service before anything changes on the host.
 			h.Serving = false
@@ -201,6 +210,13 @@ func (r *TenantControlPlaneReconciler) hostStep(ctx context.Context, tcp *apiary
 			return begin(h, apiary.HostStepUpdate, address)
 		}
 	}
+	// Hosts whose kubelet asks to upgrade (up to date otherwise): out of
+	// the Service first, one at a time.
+	for _, name := range names {
+		if wanted[name].Status.UpgradingTo != "" {
+			return begin(entry(name), apiary.HostStepKubelet, wanted[name].Spec.Address)
+		}
+	}
 	for _, h := range st.ControlPlaneHosts {
 		if h.Step != apiary.HostStepStop && !h.Serving {
 			return hostProbeEvery, fmt.Sprintf("Host %s does not answer /readyz: out of the Service until it does", h.Host), nil
@@ -230,7 +246,7 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 	}
 	// Connections drain off a host that left the Service before it
 	// changes.
-	if h.Step == apiary.HostStepStop || h.Step == apiary.HostStepUpdate && !h.Serving {
+	if h.Step == apiary.HostStepStop || (h.Step == apiary.HostStepUpdate || h.Step == apiary.HostStepKubelet) && !h.Serving {
 		if left := drainFor - now.Sub(h.Started.Time); left > 0 {
 			return left, fmt.Sprintf("Host %s left the Service; draining for %s", h.Host, left.Round(time.Second)), nil
 		}
@@ -239,6 +255,19 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 		// No longer wanted mid-start: stop it instead.
 		h.Step, h.Attempts, h.Started = apiary.HostStepStop, 1, metav1.NewTime(now)
 		return drainFor, fmt.Sprintf("Host %s is no longer wanted: stopping it", h.Host), nil
+	}
+	if h.Step == apiary.HostStepKubelet {
+		// The Host upgrades its kubelet (its own journal); the host
+		// comes back once that ends and its kube-apiserver answers.
+		if host.Status.UpgradingTo != "" {
+			h.Message = fmt.Sprintf("Host %s upgrades its kubelet to %s (phase %s)", h.Host, host.Status.UpgradingTo, host.Status.Phase)
+			return hostProbeEvery, h.Message, nil
+		}
+		since := h.Started.Time
+		if done := journalStep(&host.Status, StepUpgradeReady); done != nil && done.Finished != nil && done.Finished.After(since) {
+			since = done.Finished.Time
+		}
+		return r.backInService(ctx, tcp, in, h, since, now, fail, succeed)
 	}
 	c, err := r.dialHost(ctx, tcp, h.Host)
 	if err != nil {
@@ -278,14 +307,23 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 		h.Message = fmt.Sprintf("%d files written; waiting for kube-apiserver /readyz", written)
 		return 3 * time.Second, fmt.Sprintf("Host %s: control plane written, starting", h.Host), nil
 	}
+	return r.backInService(ctx, tcp, in, h, h.Started.Time, now, fail, succeed)
+}
+
+// backInService ends a host's step once its kube-apiserver answers /readyz
+// and its konnectivity-server has its agents: the host serves again. The
+// waits count from since: the step's start, or for a kubelet step the end
+// of the Host's upgrade (which the host's owner paces).
+func (r *TenantControlPlaneReconciler) backInService(ctx context.Context, tcp *apiary.TenantControlPlane, in modeInputs, h *apiary.ControlPlaneHostStatus, since, now time.Time,
+	fail func(error) (time.Duration, string, error), succeed func(string) (time.Duration, string, error)) (time.Duration, string, error) {
 	if err := probeHost(ctx, in.cr.trust, in.ep, h.Address); err != nil {
-		if now.Sub(h.Started.Time) > hostStartTimeout {
+		if now.Sub(since) > hostStartTimeout {
 			return fail(fmt.Errorf("kube-apiserver on %s did not answer /readyz within %s: %w", h.Address, hostStartTimeout, err))
 		}
 		h.Message = "waiting for kube-apiserver /readyz: " + err.Error()
 		return 2 * time.Second, fmt.Sprintf("Host %s: waiting for its kube-apiserver", h.Host), nil
 	}
-	if why := r.agentsBehind(ctx, tcp, h, now); why != "" {
+	if why := r.agentsBehind(ctx, tcp, h, since, now); why != "" {
 		h.Message = why
 		return time.Second, fmt.Sprintf("Host %s: waiting for agents", h.Host), nil
 	}

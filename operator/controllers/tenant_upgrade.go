@@ -159,10 +159,10 @@ func lastExit(c corev1.ContainerStatus) string {
 	return s
 }
 
-// observeHostVersions sets HostsUpToDate from the tenant's joined worker
-// Hosts: which run the version the control plane runs, which upgrade,
-// which wait or are held, and which failed. A tenant without worker Hosts
-// has no such condition.
+// observeHostVersions sets HostsUpToDate from the tenant's joined Hosts
+// (workers, and a registered tenant's control-plane Hosts): which run the
+// version the control plane runs, which upgrade, which wait or are held,
+// and which failed. A tenant without joined Hosts has no such condition.
 func (r *TenantControlPlaneReconciler) observeHostVersions(ctx context.Context, tcp *apiary.TenantControlPlane) error {
 	var list apiary.HostList
 	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
@@ -170,7 +170,7 @@ func (r *TenantControlPlaneReconciler) observeHostVersions(ctx context.Context, 
 	}
 	var workers []apiary.Host
 	for _, h := range list.Items {
-		if h.Spec.TenantControlPlane == tcp.Name && h.Spec.Role != apiary.HostRoleControlPlane && h.Status.NodeName != "" && h.Status.Version != "" {
+		if h.Spec.TenantControlPlane == tcp.Name && h.Status.NodeName != "" && h.Status.Version != "" {
 			workers = append(workers, h)
 		}
 	}
@@ -183,7 +183,7 @@ func (r *TenantControlPlaneReconciler) observeHostVersions(ctx context.Context, 
 	return nil
 }
 
-// hostVersions summarises joined workers against the version the control
+// hostVersions summarises joined Hosts against the version the control
 // plane runs: the most pressing reason first (a failure, then an upgrade
 // under way, then a pause), with the lagging Hosts named.
 func hostVersions(workers []apiary.Host, running string) (metav1.ConditionStatus, string, string) {
@@ -207,7 +207,7 @@ func hostVersions(workers []apiary.Host, running string) (metav1.ConditionStatus
 		lagging = append(lagging, fmt.Sprintf("%s (%s, %s)", h.Name, h.Status.Version, why))
 	}
 	if len(lagging) == 0 {
-		return metav1.ConditionTrue, ReasonAtVersion, fmt.Sprintf("every worker Host (%d) runs %s", at, running)
+		return metav1.ConditionTrue, ReasonAtVersion, fmt.Sprintf("every joined Host (%d) runs %s", at, running)
 	}
 	reason := ReasonHostUpgrading
 	for _, r := range []string{ReasonUpgradeFailed, ReasonHostUpgrading, ReasonUpgradePaused, ReasonWaitingForControlPlane} {
@@ -216,5 +216,5 @@ func hostVersions(workers []apiary.Host, running string) (metav1.ConditionStatus
 			break
 		}
 	}
-	return metav1.ConditionFalse, reason, fmt.Sprintf("%d of %d worker Hosts run %s; lagging: %s", at, len(workers), running, strings.Join(lagging, ", "))
+	return metav1.ConditionFalse, reason, fmt.Sprintf("%d of %d joined Hosts run %s; lagging: %s", at, len(workers), running, strings.Join(lagging, ", "))
 }

@@ -86,16 +86,17 @@ type AddonsSpec struct {
 	Konnectivity AddonSpec `json:"konnectivity,omitempty"`
 }
 
-// HostUpgradePolicy paces the upgrade of a tenant's worker Hosts.
+// HostUpgradePolicy paces the upgrade of a tenant's joined Hosts.
 type HostUpgradePolicy struct {
-	// MaxParallel is how many worker Hosts are upgraded at once; 1 when
+	// MaxParallel is how many joined Hosts are upgraded at once; 1 when
 	// unset. A Host whose upgrade fails counts until it succeeds, so a
-	// failure stops the rollout.
+	// failure stops the rollout. A registered tenant's control-plane Hosts
+	// leave its Service one at a time whatever this says.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	MaxParallel int32 `json:"maxParallel,omitempty"`
-	// Paused holds the worker Hosts that have not started their upgrade at
+	// Paused holds the joined Hosts that have not started their upgrade at
 	// the version they run (a Host already upgrading finishes). A kubelet
 	// may be up to three minors older than the API server; the Hosts'
 	// UpToDate condition and the tenant's HostsUpToDate say which lag.
@@ -118,9 +119,10 @@ type TenantControlPlaneSpec struct {
 	// +kubebuilder:validation:Maximum=7
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
-	// HostUpgrades says how the tenant's joined worker Hosts follow a
-	// version change, once the control plane runs it: drained, upgraded
-	// and back Ready one host (or maxParallel) at a time.
+	// HostUpgrades says how the tenant's joined Hosts (workers, and a
+	// registered tenant's control-plane Hosts) follow a version change,
+	// once the control plane runs it: drained, upgraded and back Ready one
+	// host (or maxParallel) at a time.
 	// +optional
 	HostUpgrades *HostUpgradePolicy `json:"hostUpgrades,omitempty"`
 	// DataStore names the DataStore holding the tenant's state. Empty lets
@@ -400,6 +402,10 @@ const (
 	// HostStepUpdate takes a serving host out of the Service, rewrites
 	// what changed (renewed credentials, a new version) and brings it back.
 	HostStepUpdate = "update"
+	// HostStepKubelet takes a serving host out of the Service while its
+	// Host upgrades the kubelet (a new kubelet may restart the static
+	// Pods), and brings it back once it answers again.
+	HostStepKubelet = "kubelet"
 	// HostStepStop takes the host out of the Service, lets connections
 	// drain and removes its static Pods and files.
 	HostStepStop = "stop"
@@ -412,7 +418,7 @@ type ControlPlaneHostStatus struct {
 	// Address the host serves at (the Host's spec.address when the step
 	// began).
 	Address string `json:"address"`
-	// Step: start, update or stop.
+	// Step: start, update, kubelet or stop.
 	Step string `json:"step"`
 	// Result: Running (recorded before the host is touched), Succeeded or
 	// Failed.
@@ -476,7 +482,7 @@ const (
 	// names pod, container and error; the tenant keeps serving on the old
 	// version) or while a mode switch holds it (HeldForModeSwitch).
 	ConditionVersionRolledOut = "VersionRolledOut"
-	// ConditionHostsUpToDate: every joined worker Host runs the version
+	// ConditionHostsUpToDate: every joined Host runs the version
 	// the control plane runs; False names the Hosts that lag and why.
 	ConditionHostsUpToDate = "HostsUpToDate"
 
