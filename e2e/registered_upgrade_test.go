@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/e2e/sshhost"
@@ -25,11 +26,12 @@ import (
 
 // testRegisteredUpgrade upgrades the registered tenant a minor under a
 // poller and a writer: the static Pods move host by host, status.version
-// moves once both hosts serve the new version, then the worker's kubelet
-// follows. The control-plane Hosts keep their kubelet (a kubelet restart
-// restarts the static Pods there, which must leave the Service first: not
-// built). Sampled a few times a second: no kubelet is newer than the
-// oldest kube-apiserver answering on a host. It returns the worker's
+// moves once both hosts serve the new version, then every Host's kubelet
+// follows, one at a time; a control-plane Host's only once the tenant has
+// taken it out of its Service (a new kubelet restarts the static Pods
+// there). Sampled a few times a second: no kubelet is newer than the
+// oldest kube-apiserver answering on a host, and no control-plane host is
+// a ready backend while its kubelet is replaced. It returns the worker's
 // workload pods as they are after the drain.
 func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.Host, workload []corev1.Pod) []corev1.Pod {
 	const name = registeredTenant
@@ -60,6 +62,7 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 	var statusMoved time.Duration
 	var violations []string
 	samples, maxUpgrading := 0, 0
+	kubeletSteps := map[string]int{}
 	framework.Eventually(t, "the control plane, then every Host, at "+to, 10*time.Minute, func() error {
 		samples++
 		at := time.Since(start).Round(100 * time.Millisecond)
@@ -97,24 +100,55 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 				violations = append(violations, fmt.Sprintf("%s: Node %s kubelet %s while a kube-apiserver at %s answers", at, n.Name, n.Status.NodeInfo.KubeletVersion, oldest))
 			}
 		}
+		// One list, so that the Hosts are seen at one moment (a Host
+		// read after another could have started as it ended).
+		var hostList apiary.HostList
+		if err := e.C.List(e.Ctx, &hostList, client.InNamespace(framework.TenantsNS)); err != nil {
+			return err
+		}
 		upgrading := 0
 		for _, hn := range all {
-			if e.host(t, hn).Status.UpgradingTo == "" {
+			i := slices.IndexFunc(hostList.Items, func(h apiary.Host) bool { return h.Name == hn })
+			if i < 0 {
+				return fmt.Errorf("no Host %s", hn)
+			}
+			h := &hostList.Items[i]
+			if h.Status.UpgradingTo == "" {
 				continue
 			}
 			upgrading++
 			if v := e.TCP(t, name).Status.Version; v != to {
 				violations = append(violations, fmt.Sprintf("%s: Host %s upgrading its kubelet while the control plane runs %s", at, hn, v))
 			}
+			// The kubelet is replaced and restarted in these two steps.
+			for _, st := range h.Status.Journal {
+				if h.Spec.Role != apiary.HostRoleControlPlane || st.Result != controllers.StepRunning ||
+					st.Name != controllers.StepUpgradeInstall && st.Name != controllers.StepUpgradeNode {
+					continue
+				}
+				kubeletSteps[hn]++
+				backends, err := e.serviceBackends(cur, "https")
+				if err != nil {
+					return err
+				}
+				for _, b := range backends {
+					if strings.Contains(b, ":"+machines[hn].Address+":true") {
+						violations = append(violations, fmt.Sprintf("%s: Host %s at step %s while a ready backend of the Service (%v)", at, hn, st.Name, backends))
+					}
+				}
+			}
 		}
 		maxUpgrading = max(maxUpgrading, upgrading)
 		if cur.Status.Version != to {
 			return fmt.Errorf("status.version %s; hosts answer %v", cur.Status.Version, serving)
 		}
-		return upgradingDone(e, t, all[2:], to)
+		return upgradingDone(e, t, all, to)
 	})
-	t.Logf("FIGURE registered tenant %s → %s on 2 control-plane Hosts and a worker: status.version moved after %s, the worker's kubelet at %s after %s (%d samples)",
-		from, to, statusMoved.Round(100*time.Millisecond), to, time.Since(start).Round(100*time.Millisecond), samples)
+	t.Logf("FIGURE registered tenant %s → %s on 2 control-plane Hosts and a worker: status.version moved after %s, every kubelet at %s after %s (%d samples; control-plane kubelet steps sampled %v)",
+		from, to, statusMoved.Round(100*time.Millisecond), to, time.Since(start).Round(100*time.Millisecond), samples, kubeletSteps)
+	if len(kubeletSteps) != 2 {
+		t.Errorf("the control-plane Hosts' kubelet steps were sampled %v times: the Service check saw not both", kubeletSteps)
+	}
 	for _, v := range violations {
 		t.Error("skew: " + v)
 	}
@@ -143,16 +177,8 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := to
-		if h.Spec.Role == apiary.HostRoleControlPlane {
-			// Not upgraded yet (see above); within the skew policy.
-			want = from
-			if h.Status.Version != from || h.Status.UpgradingTo != "" {
-				t.Errorf("control-plane Host %s: status.version %s, upgradingTo %q; want %s, none", hn, h.Status.Version, h.Status.UpgradingTo, from)
-			}
-		}
-		if n.Status.NodeInfo.KubeletVersion != want || n.Spec.Unschedulable {
-			t.Errorf("Node %s: kubelet %s, unschedulable %v; want %s, schedulable", hn, n.Status.NodeInfo.KubeletVersion, n.Spec.Unschedulable, want)
+		if n.Status.NodeInfo.KubeletVersion != to || n.Spec.Unschedulable {
+			t.Errorf("Node %s: kubelet %s, unschedulable %v; want %s, schedulable", hn, n.Status.NodeInfo.KubeletVersion, n.Spec.Unschedulable, to)
 		}
 	}
 	// Each host's mirror Pods run the new images.
