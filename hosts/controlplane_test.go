@@ -100,24 +100,9 @@ func TestRemoveControlPlane(t *testing.T) {
 	old := ControlPlaneProcesses
 	ControlPlaneProcesses = []string{"apiary-test-kas"}
 	t.Cleanup(func() { ControlPlaneProcesses = old })
-	bin := filepath.Join(dir, "apiary-test-kas")
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(sleep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	proc := exec.Command(bin, "60")
-	if err := proc.Start(); err != nil {
-		t.Fatal(err)
-	}
+	proc := fakeControlPlane(t, dir)
 	defer func() { _ = proc.Process.Kill(); _, _ = proc.Process.Wait() }()
-	err = RemoveControlPlane(t.Context(), c, []string{manifest}, []string{key, ca}, []string{ca}, 1)
+	err := RemoveControlPlane(t.Context(), c, []string{manifest}, []string{key, ca}, []string{ca}, 1)
 	if err == nil || !strings.Contains(err.Error(), "still running") || !strings.Contains(err.Error(), "apiary-test-kas") {
 		t.Fatalf("removal with a control-plane process running: %v", err)
 	}
@@ -159,22 +144,7 @@ func TestUpgradeKubeletPutsTheManifestsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The control plane takes a second to stop once its manifest is gone.
-	bin := filepath.Join(dir, "apiary-test-kas")
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(sleep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	proc := exec.Command(bin, "60")
-	if err := proc.Start(); err != nil {
-		t.Fatal(err)
-	}
+	proc := fakeControlPlane(t, dir)
 	heldWhileRunning := make(chan bool, 1)
 	go func() {
 		deadline := time.Now().Add(5 * time.Second)
@@ -210,4 +180,28 @@ func TestUpgradeKubeletPutsTheManifestsBack(t *testing.T) {
 	if _, err := os.Stat(heldManifestsDir); !os.IsNotExist(err) {
 		t.Errorf("the held directory stayed: %v", err)
 	}
+}
+
+// fakeControlPlane starts a process named apiary-test-kas (a copy of
+// sleep, for a minute): a control-plane process of its own name, as this
+// machine may run a real kube-apiserver.
+func fakeControlPlane(t *testing.T, dir string) *exec.Cmd {
+	t.Helper()
+	bin := filepath.Join(dir, "apiary-test-kas")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	proc := exec.Command(bin, "60")
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return proc
 }

@@ -167,10 +167,7 @@ func (r *HostReconciler) upgradeWorker(ctx context.Context, orig, h *apiary.Host
 			res = r.upgradeDrain(ctx, h, step)
 		case StepUpgradeInstall, StepUpgradeNode:
 			fn := r.upgradeInstall
-			switch {
-			case name == StepUpgradeNode && h.Spec.Role == apiary.HostRoleControlPlane:
-				fn = r.upgradeKubelet
-			case name == StepUpgradeNode:
+			if name == StepUpgradeNode {
 				fn = r.upgradeNode
 			}
 			var ended bool
@@ -307,7 +304,10 @@ func (r *HostReconciler) upgradeInstall(ctx context.Context, h *apiary.Host, ste
 	return ctrl.Result{}
 }
 
-// upgradeNode runs kubeadm upgrade node and restarts the kubelet.
+// upgradeNode runs kubeadm upgrade node and restarts the kubelet. On a
+// registered tenant's control-plane Host, out of the tenant's Service, it
+// stops the static Pods gracefully first and runs kubeadm's kubelet-config
+// phase alone (hosts.UpgradeKubelet).
 func (r *HostReconciler) upgradeNode(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
 	c, _, err := r.connect(ctx, h)
 	if err != nil {
@@ -316,29 +316,17 @@ func (r *HostReconciler) upgradeNode(ctx context.Context, h *apiary.Host, step *
 	defer c.Close()
 	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	if _, err := hosts.UpgradeNode(runCtx, c); err != nil {
-		return r.failUpgrade(ctx, h, step, err.Error())
+	did := "kubeadm upgrade node, kubelet restarted"
+	if h.Spec.Role == apiary.HostRoleControlPlane {
+		_, err = hosts.UpgradeKubelet(runCtx, c, hostRemoveWait)
+		did = "static Pods stopped, kubeadm upgrade node phase kubelet-config, kubelet restarted, static Pods back"
+	} else {
+		_, err = hosts.UpgradeNode(runCtx, c)
 	}
-	r.succeedStep(step, "kubeadm upgrade node, kubelet restarted")
-	return ctrl.Result{}
-}
-
-// upgradeKubelet is upgradeNode on a registered tenant's control-plane
-// Host, out of the tenant's Service: its static Pods stopped gracefully,
-// kubeadm's kubelet-config phase, the kubelet restarted, the static Pods
-// back (hosts.UpgradeKubelet).
-func (r *HostReconciler) upgradeKubelet(ctx context.Context, h *apiary.Host, step *apiary.HostStep) ctrl.Result {
-	c, _, err := r.connect(ctx, h)
 	if err != nil {
 		return r.failUpgrade(ctx, h, step, err.Error())
 	}
-	defer c.Close()
-	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	if _, err := hosts.UpgradeKubelet(runCtx, c, hostRemoveWait); err != nil {
-		return r.failUpgrade(ctx, h, step, err.Error())
-	}
-	r.succeedStep(step, "static Pods stopped, kubeadm upgrade node phase kubelet-config, kubelet restarted, static Pods back")
+	r.succeedStep(step, did)
 	return ctrl.Result{}
 }
 
