@@ -599,6 +599,53 @@ func (e *env) killLeader(t *testing.T) string {
 	return leader
 }
 
+// logWhatWaited logs, for a tenant slow to become Ready, its control-plane
+// pods' and the operator's restarts, its conditions and its events, with
+// times from start.
+func (e *env) logWhatWaited(t *testing.T, name string, start time.Time) {
+	t.Helper()
+	since := func(ts metav1.Time) string { return ts.Sub(start).Round(100 * time.Millisecond).String() }
+	var pods corev1.PodList
+	for _, l := range []struct {
+		ns  string
+		sel client.MatchingLabels
+	}{
+		{framework.TenantsNS, render.SelectorLabels(e.TCP(t, name))},
+		{framework.SystemNS, nil},
+	} {
+		if err := e.C.List(e.Ctx, &pods, client.InNamespace(l.ns), l.sel); err != nil {
+			t.Logf("listing pods in %s: %v", l.ns, err)
+			continue
+		}
+		for _, p := range pods.Items {
+			for _, cs := range p.Status.ContainerStatuses {
+				last := ""
+				if term := cs.LastTerminationState.Terminated; term != nil {
+					last = fmt.Sprintf(", last exit %d (%s) at %s: %.200s", term.ExitCode, term.Reason, since(term.FinishedAt), term.Message)
+				}
+				t.Logf("slow start: pod %s (created at %s) container %s: %d restarts, ready %v%s", p.Name, since(p.CreationTimestamp), cs.Name, cs.RestartCount, cs.Ready, last)
+			}
+		}
+	}
+	for _, c := range e.TCP(t, name).Status.Conditions {
+		t.Logf("slow start: condition %s=%s (%s) at %s: %.200s", c.Type, c.Status, c.Reason, since(c.LastTransitionTime), c.Message)
+	}
+	var events corev1.EventList
+	if err := e.C.List(e.Ctx, &events, client.InNamespace(framework.TenantsNS)); err == nil {
+		for _, ev := range events.Items {
+			// The operator's events (events.k8s.io) have an eventTime,
+			// the kubelet's a lastTimestamp.
+			at := ev.LastTimestamp
+			if at.IsZero() {
+				at = metav1.NewTime(ev.EventTime.Time)
+			}
+			if strings.HasPrefix(ev.InvolvedObject.Name, name) && at.After(start) {
+				t.Logf("slow start: event %s %s/%s %s ×%d at %s: %.200s", ev.Type, ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Reason, ev.Count, since(at), ev.Message)
+			}
+		}
+	}
+}
+
 func (e *env) testOperatorRestart(t *testing.T) {
 	tcp := &apiary.TenantControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "gamma", Namespace: framework.TenantsNS}}
 	start := time.Now()
@@ -621,6 +668,11 @@ func (e *env) testOperatorRestart(t *testing.T) {
 	t.Logf("killed operator leader %s %s after creating gamma", leader, time.Since(start).Round(time.Millisecond))
 	e.WaitReady(t, "gamma")
 	t.Logf("FIGURE gamma Ready %s after creation, across an operator leader kill", time.Since(start).Round(time.Millisecond))
+	if time.Since(start) > 45*time.Second {
+		// Usually about 20 s; in some full runs 2 m 21 s, never alone.
+		// What restarted and when says which wait it was.
+		e.logWhatWaited(t, "gamma", start)
+	}
 	if now := e.leader(t); now == leader {
 		t.Errorf("the killed pod %s still holds the lease", leader)
 	}
