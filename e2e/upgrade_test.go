@@ -128,7 +128,7 @@ func (e *env) testUpgradeToMissingImages(t *testing.T) {
 // testMinorUpgrade upgrades a tenant with two worker Hosts and a workload
 // under a PodDisruptionBudget from the previous minor to the current one
 // under a poller, sampling a few times a second that nothing the tenant
-// runs inside (kube-proxy, kubeadm-config, kubelets) is newer than the
+// runs inside (kube-proxy, kubeadm-config, CoreDNS, kubelets) is newer than the
 // oldest serving kube-apiserver, that status.version moves only once every
 // replica runs the new version, and that the Hosts follow one at a time,
 // each drained and back Ready at the new version. The second Host is added
@@ -177,27 +177,37 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 		}
 		return nil
 	})
-	inside := func() (proxy, kubeadm string, err error) {
+	tagOf := func(img string) string { return img[strings.LastIndex(img, ":")+1:] }
+	// inside: kube-proxy's and kubeadm-config's Kubernetes version, and
+	// CoreDNS's tag.
+	inside := func() (proxy, kubeadm, dns string, err error) {
 		ds, err := tc.AppsV1().DaemonSets("kube-system").Get(e.Ctx, "kube-proxy", metav1.GetOptions{})
 		if err != nil {
-			return "", "", fmt.Errorf("kube-proxy DaemonSet: %w", err)
+			return "", "", "", fmt.Errorf("kube-proxy DaemonSet: %w", err)
 		}
-		if img := ds.Spec.Template.Spec.Containers[0].Image; strings.Contains(img, ":") {
-			proxy = img[strings.LastIndex(img, ":")+1:]
-		}
+		proxy = tagOf(ds.Spec.Template.Spec.Containers[0].Image)
 		cm, err := tc.CoreV1().ConfigMaps("kube-system").Get(e.Ctx, tenant.KubeadmConfigMap, metav1.GetOptions{})
 		if err != nil {
-			return "", "", fmt.Errorf("kubeadm-config: %w", err)
+			return "", "", "", fmt.Errorf("kubeadm-config: %w", err)
 		}
 		for _, l := range strings.Split(cm.Data[tenant.ClusterConfigurationKey], "\n") {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "kubernetesVersion:"); ok {
 				kubeadm = strings.Trim(strings.TrimSpace(v), `"`)
 			}
 		}
-		return proxy, kubeadm, nil
+		dep, err := tc.AppsV1().Deployments("kube-system").Get(e.Ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			return "", "", "", fmt.Errorf("coredns Deployment: %w", err)
+		}
+		return proxy, kubeadm, tagOf(dep.Spec.Template.Spec.Containers[0].Image), nil
 	}
-	if proxy, kubeadm, err := inside(); err != nil || proxy != from || kubeadm != from {
-		t.Fatalf("before the upgrade: kube-proxy %q, kubeadm-config %q (%v), want %s", proxy, kubeadm, err, from)
+	// CoreDNS as kubeadm pairs it with each version.
+	dnsFrom, dnsTo := tenant.CoreDNSVersion(from), tenant.CoreDNSVersion(to)
+	if dnsFrom == dnsTo {
+		t.Fatalf("%s and %s pair with one CoreDNS (%s): the test would not see it move", from, to, dnsFrom)
+	}
+	if proxy, kubeadm, dns, err := inside(); err != nil || proxy != from || kubeadm != from || dns != dnsFrom {
+		t.Fatalf("before the upgrade: kube-proxy %q, kubeadm-config %q, CoreDNS %q (%v), want %s, %s, %s", proxy, kubeadm, dns, err, from, from, dnsFrom)
 	}
 	sel := client.MatchingLabels(render.SelectorLabels(e.TCP(t, name)))
 	// servingVersions: the versions of the ready, not deleted
@@ -244,7 +254,7 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	var violations []string
 	var statusMoved, insideMoved time.Duration
 	var killed string
-	framework.Eventually(t, "status.version "+to+", kube-proxy and kubeadm-config at "+to+", then every Host", 10*time.Minute, func() error {
+	framework.Eventually(t, "status.version "+to+", kube-proxy, kubeadm-config and CoreDNS at "+to+", then every Host", 10*time.Minute, func() error {
 		samples++
 		cur := e.TCP(t, name)
 		if c := framework.FindCondition(cur.Status.Conditions, apiary.ConditionVersionRolledOut); c.Reason == controllers.ReasonUpgrading {
@@ -254,7 +264,7 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 		if err != nil {
 			return err
 		}
-		proxy, kubeadm, err := inside()
+		proxy, kubeadm, dns, err := inside()
 		if err != nil {
 			// The tenant API through its LoadBalancer; the poller counts
 			// failures, this only samples.
@@ -271,6 +281,9 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 			if version.MustParseSemantic(v).GreaterThan(oldest) {
 				violations = append(violations, fmt.Sprintf("%s: %s at %s while a kube-apiserver at %s serves", at, what, v, oldest))
 			}
+		}
+		if dns == dnsTo && oldest.LessThan(version.MustParseSemantic(to)) {
+			violations = append(violations, fmt.Sprintf("%s: CoreDNS %s (paired with %s) while a kube-apiserver at %s serves", at, dns, to, oldest))
 		}
 		if cur.Status.Version == to {
 			if statusMoved == 0 {
@@ -325,15 +338,15 @@ func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 		if len(upgrading) > 1 {
 			violations = append(violations, fmt.Sprintf("%s: %d Hosts upgrading at once at resourceVersion %s: %s", at, len(upgrading), hostList.ResourceVersion, strings.Join(upgrading, "; ")))
 		}
-		if proxy == to && kubeadm == to && insideMoved == 0 {
+		if proxy == to && kubeadm == to && dns == dnsTo && insideMoved == 0 {
 			insideMoved = time.Since(start)
 		}
-		if cur.Status.Version != to || proxy != to || kubeadm != to {
-			return fmt.Errorf("status.version %s, kube-proxy %s, kubeadm-config %s; serving %v", cur.Status.Version, proxy, kubeadm, serving)
+		if cur.Status.Version != to || proxy != to || kubeadm != to || dns != dnsTo {
+			return fmt.Errorf("status.version %s, kube-proxy %s, kubeadm-config %s, CoreDNS %s; serving %v", cur.Status.Version, proxy, kubeadm, dns, serving)
 		}
 		return upgradingDone(e, t, hostNames, to)
 	})
-	t.Logf("FIGURE upgrade %s → %s, 2 replicas: status.version moved after %s, kube-proxy and kubeadm-config followed by %s (%d samples, %d saying Upgrading)",
+	t.Logf("FIGURE upgrade %s → %s, 2 replicas: status.version moved after %s, kube-proxy, kubeadm-config and CoreDNS followed by %s (%d samples, %d saying Upgrading)",
 		from, to, statusMoved.Round(100*time.Millisecond), insideMoved.Round(100*time.Millisecond), samples, progress)
 	t.Logf("FIGURE upgrade %s → %s with 2 worker Hosts: all Hosts at %s after %s; operator leader killed %s", from, to, to, time.Since(start).Round(100*time.Millisecond), killed)
 	if killed == "" {

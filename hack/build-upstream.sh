@@ -15,7 +15,9 @@
 #   etcd          etcd-v3.6.16          etcd etcdctl                            hack/tools/etcd
 #   containerd    containerd-v2.4.2     containerd containerd-shim-runc-v2 ctr  hack/tools/containerd
 #   cni           cni-v1.10.0           bridge host-local loopback portmap firewall  hack/tools/cni
-#   coredns       coredns-v1.15.0       coredns                                 hack/tools/coredns
+#   coredns       coredns-v1.14.6       coredns                                 hack/tools/coredns
+#   coredns-previous  coredns-v1.14.2   coredns, named previous/coredns here    hack/tools/coredns-previous
+#                 (each Kubernetes minor with the CoreDNS its kubeadm pairs it with)
 #   metallb       metallb-v0.16.2       controller                              hack/tools/metallb (+ patch, see metallb_modfile)
 #   registry      registry-v3.1.2       registry                                hack/tools/registry
 #   helm          helm-v3.22.0          helm                                    hack/tools/helm
@@ -60,6 +62,7 @@ pin ETCD_VERSION "$here/tools/etcd" go.etcd.io/etcd/server/v3
 pin CONTAINERD_VERSION "$here/tools/containerd" github.com/containerd/containerd/v2
 pin CNI_VERSION "$here/tools/cni" github.com/containernetworking/plugins
 pin COREDNS_VERSION "$here/tools/coredns" github.com/coredns/coredns
+pin COREDNS_PREVIOUS_VERSION "$here/tools/coredns-previous" github.com/coredns/coredns
 pin METALLB_VERSION "$here/tools/metallb" go.universe.tf/metallb
 pin REGISTRY_VERSION "$here/tools/registry" github.com/distribution/distribution/v3
 pin HELM_VERSION "$here/tools/helm" helm.sh/helm/v3
@@ -111,6 +114,7 @@ spec[host-local]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/ipam/host-local||$cn
 spec[portmap]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/meta/portmap||$cni_stamp"
 spec[firewall]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/meta/firewall||$cni_stamp"
 spec[coredns]="coredns-$COREDNS_VERSION|$here/tools/coredns|github.com/coredns/coredns||"
+spec[previous/coredns]="coredns-$COREDNS_PREVIOUS_VERSION|$here/tools/coredns-previous|github.com/coredns/coredns||"
 spec[controller]="metallb-$METALLB_VERSION|$here/tools/metallb|go.universe.tf/metallb/controller||"
 spec[registry]="registry-$REGISTRY_VERSION|$here/tools/registry|$reg_pkg/cmd/registry||$registry_stamp"
 spec[helm]="helm-$HELM_VERSION|$here/tools/helm|helm.sh/helm/v3/cmd/helm||$helm_stamp"
@@ -127,13 +131,14 @@ declare -A groups=(
   [containerd]="containerd containerd-shim-runc-v2 ctr"
   [cni]="${cni_bins[*]}"
   [coredns]=coredns
+  [coredns-previous]=previous/coredns
   [metallb]=controller
   [registry]=registry
   [helm]=helm
   [konnectivity]="proxy-server proxy-agent"
   [kube-router]=kube-router
 )
-order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router kubernetes-previous)
+order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router kubernetes-previous coredns-previous)
 
 # metallb_modfile prepares a `go build -modfile` for the MetalLB controller and
 # prints its path. MetalLB v0.16.2 requires github.com/metallb/frr-k8s

@@ -53,7 +53,7 @@ func coreDNS(in Inputs) ([]any, error) {
 		return corev1ac.Probe().WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).WithPort(intstr.FromInt32(port)).WithScheme(corev1.URISchemeHTTP))
 	}
 	ctr := corev1ac.Container().WithName("coredns").
-		WithImage(in.image("coredns/coredns", CoreDNSVersion)).
+		WithImage(in.image("coredns/coredns", CoreDNSVersion(in.Version))).
 		WithArgs("-conf", "/etc/coredns/Corefile").
 		WithPorts(
 			corev1ac.ContainerPort().WithName("dns").WithContainerPort(53).WithProtocol(corev1.ProtocolUDP),

@@ -1,17 +1,45 @@
 package tenant
 
 import (
+	"maps"
 	"net"
+	"slices"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/apiaryhq/apiary/images"
 	"github.com/apiaryhq/apiary/konnectivity"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
-// CoreDNSVersion is the version of the CoreDNS image the operator deploys
-// by default. (konnectivity-agent's is konnectivity.Version.)
-const CoreDNSVersion = "v1.15.0"
+// coreDNSVersions pairs each supported Kubernetes minor with the CoreDNS
+// its kubeadm deploys (cmd/kubeadm/app/constants.CoreDNSVersion of that
+// release), so that a tenant runs the CoreDNS of the version it runs, never
+// one made for a newer kube-apiserver. The webhook's supported window
+// (webhooks.MinSupportedMinor to MaxSupportedMinor) must have a pair each,
+// which its tests check. (konnectivity-agent's version is
+// konnectivity.Version.)
+var coreDNSVersions = map[uint]string{35: "v1.13.1", 36: "v1.14.2", 37: "v1.14.6"}
+
+// CoreDNSPair is the CoreDNS version kubeadm pairs with Kubernetes minor
+// 1.minor, if Apiary knows it.
+func CoreDNSPair(minor uint) (string, bool) {
+	v, ok := coreDNSVersions[minor]
+	return v, ok
+}
+
+// CoreDNSVersion is the CoreDNS image tag for Kubernetes version v
+// (vMAJOR.MINOR.PATCH): its minor's pair, or the newest pair for a version
+// outside them (the webhook admits none).
+func CoreDNSVersion(v string) string {
+	if parsed, err := version.ParseSemantic(v); err == nil {
+		if tag, ok := coreDNSVersions[parsed.Minor()]; ok && parsed.Major() == 1 {
+			return tag
+		}
+	}
+	return coreDNSVersions[slices.Max(slices.Collect(maps.Keys(coreDNSVersions)))]
+}
 
 // Labels on every object applied inside a tenant.
 const (

@@ -186,6 +186,26 @@ func TestObjectsFollowTheRunningVersion(t *testing.T) {
 	}
 }
 
+// CoreDNS is the one kubeadm pairs with the version the tenant runs: an
+// upgrade moves it only once the control plane has moved.
+func TestCoreDNSFollowsTheRunningVersion(t *testing.T) {
+	for _, c := range []struct{ running, want string }{
+		{"v1.36.3", "coredns:v1.14.2"},
+		{"v1.37.2", "coredns:v1.14.6"},
+		{"v1.35.0", "coredns:v1.13.1"},
+		// Outside the pairs (the webhook admits none): the newest pair.
+		{"v1.99.0", "coredns:v1.14.6"},
+		{"", "coredns:v1.14.6"},
+	} {
+		in := fixture()
+		in.TCP.Spec.Version, in.Version = "v1.37.2", c.running
+		dep := find(t, mustRender(t, in, PartCoreDNS), "Deployment", "kube-system", "coredns")
+		if b, _ := dep.MarshalJSON(); !strings.Contains(string(b), c.want) {
+			t.Errorf("running %q: CoreDNS is not %s", c.running, c.want)
+		}
+	}
+}
+
 func mustRender(t *testing.T, in Inputs, p Part) []*unstructured.Unstructured {
 	t.Helper()
 	objs, err := Render(in, p)

@@ -48,7 +48,7 @@ const (
 	ContainerdVersion = "v2.4.2"
 	CNIVersion        = "v1.10.0"
 	RegistryVersion   = "v3.1.2"
-	CoreDNSVersion    = "v1.15.0"
+	CoreDNSVersion    = "v1.14.6"
 	MetalLBVersion    = "v0.16.2"
 	// KubeRouterVersion: kube-router enforces NetworkPolicy on the node
 	// (its firewall only: the bridge CNI and kube-proxy do the rest).

@@ -32,8 +32,12 @@ const (
 	// start tenants at. Its images are Previous, not part of All yet.
 	PreviousKubeVersion = "v1.36.3"
 	EtcdVersion         = "v3.6.16"
-	CoreDNSVersion      = "v1.15.0"
-	KonnectivityVersion = "v0.36.0"
+	// CoreDNSVersion and PreviousCoreDNSVersion are the CoreDNS kubeadm
+	// pairs with KubeVersion's and PreviousKubeVersion's minor
+	// (tenant.CoreDNSVersion holds the pairs).
+	CoreDNSVersion         = "v1.14.6"
+	PreviousCoreDNSVersion = "v1.14.2"
+	KonnectivityVersion    = "v0.36.0"
 	MetalLBVersion      = "v0.16.2"
 	// PauseVersion is the tag of the pause image, which is Apiary's own Go
 	// pause (hack/images/pause) under the upstream name.
@@ -179,15 +183,7 @@ func All(cacheDir, apiaryVersion string) []Image {
 			return goBuild(ctx, log, "./hack/images/pause", pause, "")
 		},
 	})
-	coredns := bin(cacheDir, "coredns-"+CoreDNSVersion, "coredns", "/coredns")
-	coredns.Caps = CapNetBindService // upstream: setcap cap_net_bind_service=+ep, runs as nonroot
-	out = append(out, Image{
-		Ref:        "registry.k8s.io/coredns/coredns:" + CoreDNSVersion,
-		Entrypoint: []string{"/coredns"},
-		User:       "65532:65532",
-		WorkingDir: "/",
-		Layers:     []Layer{{Name: "coredns", Files: []File{coredns}}},
-	})
+	out = append(out, corednsImage(cacheDir, CoreDNSVersion, ""))
 	knp := "konnectivity-" + KonnectivityVersion
 	for _, c := range []string{"proxy-server", "proxy-agent"} {
 		out = append(out, Image{
@@ -291,10 +287,26 @@ func Mirror(addr, ref string) (string, error) {
 }
 
 // Previous is the images of PreviousKubeVersion: its control plane,
-// kube-proxy and node bundle (built by hack/build-upstream.sh
-// kubernetes-previous).
+// kube-proxy and node bundle, and the CoreDNS paired with it (built by
+// hack/build-upstream.sh kubernetes-previous coredns-previous).
 func Previous(cacheDir string) []Image {
-	return kubeImages(cacheDir, PreviousKubeVersion, "previous/")
+	return append(kubeImages(cacheDir, PreviousKubeVersion, "previous/"), corednsImage(cacheDir, PreviousCoreDNSVersion, "previous/"))
+}
+
+// corednsImage is CoreDNS at version, as upstream's image: /coredns with
+// the capability to bind port 53, run as nonroot. buildPrefix is the
+// prefix of its name in hack/build-upstream.sh.
+func corednsImage(cacheDir, version, buildPrefix string) Image {
+	coredns := bin(cacheDir, "coredns-"+version, "coredns", "/coredns")
+	coredns.Missing = "hack/build-upstream.sh " + buildPrefix + "coredns"
+	coredns.Caps = CapNetBindService // upstream: setcap cap_net_bind_service=+ep
+	return Image{
+		Ref:        "registry.k8s.io/coredns/coredns:" + version,
+		Entrypoint: []string{"/coredns"},
+		User:       "65532:65532",
+		WorkingDir: "/",
+		Layers:     []Layer{{Name: "coredns", Files: []File{coredns}}},
+	}
 }
 
 // kubeImages is one Kubernetes version's images: the control-plane

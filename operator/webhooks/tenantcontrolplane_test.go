@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/tenant"
 )
 
 // valid returns a defaulted TenantControlPlane that passes validation.
@@ -829,5 +830,15 @@ func TestValidateUpdateSkipsUnchangedSpec(t *testing.T) {
 	changed.Spec.Replicas = ptr.To[int32](3)
 	if _, err := (TenantControlPlane{}).ValidateUpdate(context.Background(), stored, changed); err == nil || !strings.Contains(err.Error(), "--etcd-servers cannot be set") {
 		t.Errorf("a spec change of an invalid tenant: %v, want refused", err)
+	}
+}
+
+// Every minor the webhook admits has the CoreDNS kubeadm pairs with it:
+// widening the window without a pair would give a tenant another minor's.
+func TestEverySupportedMinorHasACoreDNSPair(t *testing.T) {
+	for minor := uint(MinSupportedMinor); minor <= MaxSupportedMinor; minor++ {
+		if _, ok := tenant.CoreDNSPair(minor); !ok {
+			t.Errorf("v1.%d is supported, but tenant has no CoreDNS paired with it", minor)
+		}
 	}
 }
