@@ -38,7 +38,7 @@ const (
 	CoreDNSVersion         = "v1.14.6"
 	PreviousCoreDNSVersion = "v1.14.2"
 	KonnectivityVersion    = "v0.36.0"
-	MetalLBVersion      = "v0.16.2"
+	MetalLBVersion         = "v0.16.2"
 	// PauseVersion is the tag of the pause image, which is Apiary's own Go
 	// pause (hack/images/pause) under the upstream name.
 	PauseVersion = "3.10"
