@@ -31,7 +31,9 @@ import (
 // taken it out of its Service (a new kubelet restarts the static Pods
 // there). Sampled a few times a second: no kubelet is newer than the
 // oldest kube-apiserver answering on a host, and no control-plane host is
-// a ready backend while its kubelet is replaced. It returns the worker's
+// a ready backend while its kubelet is replaced. The operator's leader is
+// killed during the first control-plane Host's upgrade-node step (its
+// static Pods held aside). It returns the worker's
 // workload pods as they are after the drain.
 func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.Host, workload []corev1.Pod) []corev1.Pod {
 	const name = registeredTenant
@@ -63,6 +65,7 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 	var violations []string
 	samples, maxUpgrading := 0, 0
 	kubeletSteps := map[string]int{}
+	var killed string
 	framework.Eventually(t, "the control plane, then every Host, at "+to, 10*time.Minute, func() error {
 		samples++
 		at := time.Since(start).Round(100 * time.Millisecond)
@@ -127,6 +130,12 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 					continue
 				}
 				kubeletSteps[hn]++
+				// Once, while a control-plane host's static Pods are held
+				// aside: the new leader resumes the Host's step and the
+				// tenant's.
+				if killed == "" && st.Name == controllers.StepUpgradeNode {
+					killed = fmt.Sprintf("%s during Host %s's %s, at %s", e.killLeader(t), hn, st.Name, at)
+				}
 				backends, err := e.serviceBackends(cur, "https")
 				if err != nil {
 					return err
@@ -146,6 +155,10 @@ func (e *env) testRegisteredUpgrade(t *testing.T, machines map[string]*sshhost.H
 	})
 	t.Logf("FIGURE registered tenant %s → %s on 2 control-plane Hosts and a worker: status.version moved after %s, every kubelet at %s after %s (%d samples; control-plane kubelet steps sampled %v)",
 		from, to, statusMoved.Round(100*time.Millisecond), to, time.Since(start).Round(100*time.Millisecond), samples, kubeletSteps)
+	t.Logf("FIGURE registered upgrade: operator leader killed %s", killed)
+	if killed == "" {
+		t.Error("the operator leader was never killed during a control-plane Host's upgrade-node: the sampler missed it")
+	}
 	if len(kubeletSteps) != 2 {
 		t.Errorf("the control-plane Hosts' kubelet steps were sampled %v times: the Service check saw not both", kubeletSteps)
 	}
