@@ -126,8 +126,8 @@ var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
 // UpgradeKubelet is UpgradeNode for a registered tenant's control-plane
 // host, taken out of the tenant's Service: the static Pod manifests are
 // held aside, so that the kubelet stops the control plane gracefully (a
-// new kubelet kills the pods of the old one with a 1 s grace period, which
-// resets the connections clients still hold, seen in e2e), and the script
+// new kubelet restarted the old one's static Pods abruptly enough to reset
+// a connection a client still held, seen in e2e), and the script
 // waits up to wait seconds for the processes to exit. Without a
 // kube-apiserver manifest kubeadm takes the host for a worker, so its
 // kubelet-config phase runs as on a worker: the whole `kubeadm upgrade
