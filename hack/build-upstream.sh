@@ -15,7 +15,7 @@
 #   etcd          etcd-v3.6.16          etcd etcdctl                            hack/tools/etcd
 #   containerd    containerd-v2.4.2     containerd containerd-shim-runc-v2 ctr  hack/tools/containerd
 #   cni           cni-v1.10.0           bridge host-local loopback portmap firewall  hack/tools/cni
-#   coredns       coredns-v1.14.6       coredns                                 hack/tools/coredns
+#   coredns       coredns-v1.14.6       coredns (without cloud plugins: main.go) hack/tools/coredns
 #   coredns-previous  coredns-v1.14.2   coredns, named previous/coredns here    hack/tools/coredns-previous
 #                 (each Kubernetes minor with the CoreDNS its kubeadm pairs it with)
 #   metallb       metallb-v0.16.2       controller                              hack/tools/metallb (+ patch, see metallb_modfile)
@@ -113,8 +113,9 @@ spec[loopback]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/main/loopback||$cni_st
 spec[host-local]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/ipam/host-local||$cni_stamp"
 spec[portmap]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/meta/portmap||$cni_stamp"
 spec[firewall]="cni-$CNI_VERSION|$here/tools/cni|$cni_pkg/meta/firewall||$cni_stamp"
-spec[coredns]="coredns-$COREDNS_VERSION|$here/tools/coredns|github.com/coredns/coredns||"
-spec[previous/coredns]="coredns-$COREDNS_PREVIOUS_VERSION|$here/tools/coredns-previous|github.com/coredns/coredns||"
+# CoreDNS's main with the plugins a cluster's DNS uses (see its main.go).
+spec[coredns]="coredns-$COREDNS_VERSION|$here/tools/coredns|github.com/apiaryhq/apiary/hack/tools/coredns||"
+spec[previous/coredns]="coredns-$COREDNS_PREVIOUS_VERSION|$here/tools/coredns-previous|github.com/apiaryhq/apiary/hack/tools/coredns-previous||"
 spec[controller]="metallb-$METALLB_VERSION|$here/tools/metallb|go.universe.tf/metallb/controller||"
 spec[registry]="registry-$REGISTRY_VERSION|$here/tools/registry|$reg_pkg/cmd/registry||$registry_stamp"
 spec[helm]="helm-$HELM_VERSION|$here/tools/helm|helm.sh/helm/v3/cmd/helm||$helm_stamp"

@@ -1,0 +1,1 @@
+../coredns/main.go
