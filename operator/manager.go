@@ -21,9 +21,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -197,6 +199,14 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
 		// Hand over at once on a clean shutdown (rolling update).
 		LeaderElectionReleaseOnCancel: true,
+		// A standby replica starts and syncs every controller's watches
+		// when it starts, not when it wins the lease: its cache is then
+		// warm, and a namespace of --tenant-namespaces deleted since
+		// (its Roles go with it) cannot keep a new informer from
+		// syncing. Without this the new leader's controllers waited
+		// the 2-minute cache-sync timeout there, and the operator
+		// exited and restarted before it reconciled anything.
+		Controller: config.Controller{EnableWarmup: ptr.To(true)},
 		Cache: cache.Options{
 			SyncPeriod: resync(opts.ResyncPeriod),
 			// The operator applies with SSA and never reads managedFields:

@@ -37,9 +37,10 @@ func usableNamespaces(ctx context.Context, r client.Reader, names []string) ([]s
 // namespacesWatch ends the manager (the pod restarts) when a namespace the
 // operator should work in, missing or going when it started, exists again:
 // the cache's namespaces are fixed when it starts. A namespace that goes
-// needs no restart: its informers only fail to list until the next start,
-// and tenants and Hosts there, cached with cluster-wide rights, still get
-// their finalizers run.
+// needs no restart: its informers, synced when the replica started (the
+// controllers warm up on standbys too, see NewManager), only fail to list
+// until the next start, and tenants and Hosts there, cached with
+// cluster-wide rights, still get their finalizers run.
 type namespacesWatch struct {
 	reader   client.Reader
 	names    []string
