@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -356,13 +358,68 @@ func (e *env) testOperatorMetrics(t *testing.T) {
 		t.Errorf("metrics with a token not allowed /metrics: %d %v, want 403", code, err)
 	}
 	framework.Kubectl(t, e.Kubeconfig, "create", "clusterrolebinding", sa, "--clusterrole=apiary-metrics-reader", "--serviceaccount="+framework.SystemNS+":"+sa)
+	var body string
 	framework.Eventually(t, "metrics for the metrics-reader", 90*time.Second, func() error {
-		code, body, err := get(token)
-		if err != nil || code != http.StatusOK || !strings.Contains(body, "controller_runtime_reconcile_total") {
+		code, b, err := get(token)
+		if err != nil || code != http.StatusOK || !strings.Contains(b, "controller_runtime_reconcile_total") {
 			return fmt.Errorf("%d %v", code, err)
 		}
+		body = b
 		return nil
 	})
+	// Apiary's own series say what alpha's status says.
+	alpha := e.TCP(t, "alpha")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	series := func(name string, labels map[string]string) (float64, bool) {
+		for _, m := range families[name].GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			match := true
+			for k, v := range labels {
+				match = match && have[k] == v
+			}
+			if match {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+	ns := framework.TenantsNS
+	if v, ok := series("apiary_tenant_info", map[string]string{"namespace": ns, "tenant": "alpha", "version": alpha.Status.Version,
+		"desired_version": alpha.Spec.Version, "endpoint": alpha.Status.Endpoint, "datastore": alpha.Status.DataStore.Name, "phase": string(alpha.Status.Phase)}); !ok || v != 1 {
+		t.Errorf("apiary_tenant_info for alpha (%s, %s, %s): %v %v", alpha.Status.Version, alpha.Status.Endpoint, alpha.Status.Phase, v, ok)
+	}
+	ready := strings.ToLower(string(meta.FindStatusCondition(alpha.Status.Conditions, apiary.ConditionReady).Status))
+	if v, ok := series("apiary_tenant_condition", map[string]string{"namespace": ns, "tenant": "alpha", "condition": apiary.ConditionReady, "status": ready}); !ok || v != 1 {
+		t.Errorf("apiary_tenant_condition Ready=%s for alpha: %v %v", ready, v, ok)
+	}
+	if v, ok := series("apiary_tenant_ready_replicas", map[string]string{"namespace": ns, "tenant": "alpha"}); !ok || v != float64(alpha.Status.ReadyReplicas) {
+		t.Errorf("apiary_tenant_ready_replicas for alpha: %v %v, status says %d", v, ok, alpha.Status.ReadyReplicas)
+	}
+	if len(alpha.Status.Certificates) == 0 {
+		t.Fatal("alpha's status lists no certificates")
+	}
+	for _, c := range alpha.Status.Certificates {
+		v, ok := series("apiary_tenant_certificate_expiry_timestamp_seconds", map[string]string{"namespace": ns, "tenant": "alpha", "certificate": c.Name})
+		if !ok || int64(v) != c.NotAfter.Unix() {
+			t.Errorf("apiary_tenant_certificate_expiry_timestamp_seconds for alpha's %s: %v %v, status says %d", c.Name, v, ok, c.NotAfter.Unix())
+		}
+	}
+	if v, ok := series("apiary_datastore_tenants", map[string]string{"datastore": alpha.Status.DataStore.Name}); !ok || v < 1 {
+		t.Errorf("apiary_datastore_tenants for %s: %v %v", alpha.Status.DataStore.Name, v, ok)
+	}
+	if alpha.Status.FirstReady == nil {
+		t.Error("alpha has no status.firstReady")
+	}
+	if families["apiary_tenant_first_ready_seconds"].GetMetric()[0].GetHistogram().GetSampleCount() == 0 {
+		t.Error("apiary_tenant_first_ready_seconds observed nothing on the leader")
+	}
 }
 
 // testNetworkPolicy steers a tenant's own kube-apiserver at management pods

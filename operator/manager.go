@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -34,6 +35,7 @@ import (
 	"github.com/apiaryhq/apiary/datastore"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 	"github.com/apiaryhq/apiary/operator/controllers"
+	"github.com/apiaryhq/apiary/operator/metrics"
 	"github.com/apiaryhq/apiary/operator/render"
 	"github.com/apiaryhq/apiary/operator/tenantcluster"
 	"github.com/apiaryhq/apiary/operator/webhookcerts"
@@ -351,6 +353,22 @@ func NewManager(cfg *rest.Config, opts Options) (ctrl.Manager, func(), error) {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		pool.Close()
 		return nil, nil, err
+	}
+	// The state series come from the leader only (every replica's cache
+	// is full: see EnableWarmup above), so that sums count each object
+	// once.
+	elected := mgr.Elected()
+	state := &metrics.Collector{Reader: mgr.GetCache(), Log: ctrl.Log.WithName("metrics"), Leading: func() bool {
+		select {
+		case <-elected:
+			return true
+		default:
+			return false
+		}
+	}}
+	if err := metrics.Register(crmetrics.Registry, state); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("registering Apiary's metrics: %w", err)
 	}
 	return mgr, pool.Close, nil
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/apiaryhq/apiary/hosts"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/metrics"
 	"github.com/apiaryhq/apiary/operator/tenantcluster"
 )
 
@@ -354,6 +355,7 @@ func (r *HostReconciler) connect(ctx context.Context, h *apiary.Host) (*hosts.Cl
 func (r *HostReconciler) failStep(ctx context.Context, h *apiary.Host, step *apiary.HostStep, cond, reason, msg string) ctrl.Result {
 	finished := metav1.NewTime(r.Now())
 	step.Finished, step.Result, step.Message = &finished, StepFailed, msg
+	metrics.HostStepEnded(step.Name, StepFailed, reason, finished.Sub(step.Started.Time))
 	if reason != ReasonTenantNotReady {
 		h.Status.Phase = apiary.HostPhaseFailed
 	}
@@ -366,6 +368,7 @@ func (r *HostReconciler) failStep(ctx context.Context, h *apiary.Host, step *api
 func (r *HostReconciler) succeedStep(step *apiary.HostStep, msg string) {
 	finished := metav1.NewTime(r.Now())
 	step.Finished, step.Result, step.Message = &finished, StepSucceeded, msg
+	metrics.HostStepEnded(step.Name, StepSucceeded, "", finished.Sub(step.Started.Time))
 }
 
 // stepDue says what a journal step that has not succeeded needs now: a

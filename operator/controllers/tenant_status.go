@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/operator/metrics"
 )
 
 // waiting marks conditions that cannot be evaluated until an earlier step
@@ -42,6 +44,21 @@ func (r *TenantControlPlaneReconciler) writeStatus(ctx context.Context, orig, tc
 		st.Phase = apiary.PhaseNotReady
 	}
 	base := r.statuses.base(orig.UID, orig.ResourceVersion, orig.Status)
+	firstReady := false
+	if ready := meta.FindStatusCondition(st.Conditions, apiary.ConditionReady); st.Phase == apiary.PhaseReady && st.FirstReady == nil && ready != nil {
+		// Ready before: a tenant Ready when an operator without this
+		// field last wrote it. Its Ready condition's time is the best
+		// known, and it is not a first Ready to observe.
+		at := ready.LastTransitionTime
+		if !meta.IsStatusConditionTrue(base.Conditions, apiary.ConditionReady) {
+			now := time.Now
+			if r.Now != nil {
+				now = r.Now
+			}
+			at, firstReady = metav1.NewTime(now().UTC()), true
+		}
+		st.FirstReady = &at
+	}
 	if equality.Semantic.DeepEqual(base, *st) {
 		return nil
 	}
@@ -60,5 +77,8 @@ func (r *TenantControlPlaneReconciler) writeStatus(ctx context.Context, orig, tc
 		return fmt.Errorf("writing status: %w", err)
 	}
 	r.statuses.remember(orig.UID, updated.ResourceVersion, *st.DeepCopy())
+	if firstReady {
+		metrics.TenantFirstReady(st.FirstReady.Sub(tcp.CreationTimestamp.Time))
+	}
 	return nil
 }

@@ -293,6 +293,9 @@ type TenantControlPlaneStatus struct {
 	// Deleting.
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
+	// FirstReady is when the tenant was first Ready; set once.
+	// +optional
+	FirstReady *metav1.Time `json:"firstReady,omitempty"`
 	// Version running (the version of the available control-plane pods).
 	// +optional
 	Version string `json:"version,omitempty"`

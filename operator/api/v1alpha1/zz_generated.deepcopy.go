@@ -807,6 +807,10 @@ func (in *TenantControlPlaneStatus) DeepCopyInto(out *TenantControlPlaneStatus) 
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.FirstReady != nil {
+		in, out := &in.FirstReady, &out.FirstReady
+		*out = (*in).DeepCopy()
+	}
 	in.DataStore.DeepCopyInto(&out.DataStore)
 	if in.Certificates != nil {
 		in, out := &in.Certificates, &out.Certificates
