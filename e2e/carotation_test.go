@@ -304,8 +304,8 @@ func (f *kubeconfigFollower) run(ctx context.Context) {
 	}
 }
 
-// kubeletProbe runs kubectl logs and exec on each pod, a loop per Node,
-// and keeps per Node the longest time without a success, the failures and
+// kubeletProbe runs kubectl logs and exec on each pod, a loop per pod and
+// verb, and keeps per Node the longest time without a success, the failures and
 // the slowest call (a call is cut after kubeletCallTimeout).
 type kubeletProbe struct {
 	mu       sync.Mutex
@@ -327,17 +327,24 @@ func (k *kubeletProbe) run(ctx context.Context, f *kubeconfigFollower, pods []co
 		k.failures = append(k.failures, err.Error())
 		return
 	}
+	// One loop per pod and verb: an exec cut by an API server's roll
+	// hangs until its timeout, and must not keep the Node's logs from
+	// being tried meanwhile (the gap is the Node's, not the probe's).
+	lastGood := map[string]time.Time{}
+	for _, p := range pods {
+		lastGood[p.Spec.NodeName] = time.Now()
+	}
 	var wg sync.WaitGroup
 	for _, p := range pods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			node, lastGood := p.Spec.NodeName, time.Now()
-			for ctx.Err() == nil {
-				for _, args := range [][]string{
-					{"-n", p.Namespace, "logs", p.Name, "--tail=1"},
-					{"-n", p.Namespace, "exec", p.Name, "--", "true"},
-				} {
+		for _, args := range [][]string{
+			{"-n", p.Namespace, "logs", p.Name, "--tail=1"},
+			{"-n", p.Namespace, "exec", p.Name, "--", "true"},
+		} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				node := p.Spec.NodeName
+				for ctx.Err() == nil {
 					callCtx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
 					sent := time.Now()
 					out, err := exec.CommandContext(callCtx, bin, append([]string{"--kubeconfig", f.kubeconfig(), "--request-timeout=10s"}, args...)...).CombinedOutput()
@@ -350,8 +357,8 @@ func (k *kubeletProbe) run(ctx context.Context, f *kubeconfigFollower, pods []co
 					k.slowest[node] = max(k.slowest[node], now.Sub(sent))
 					if err == nil {
 						k.ok++
-						k.longest[node] = max(k.longest[node], now.Sub(lastGood))
-						lastGood = now
+						k.longest[node] = max(k.longest[node], now.Sub(lastGood[node]))
+						lastGood[node] = now
 					} else {
 						k.failed++
 						if strings.Contains(string(out), "No agent available") {
@@ -363,13 +370,13 @@ func (k *kubeletProbe) run(ctx context.Context, f *kubeconfigFollower, pods []co
 						}
 					}
 					k.mu.Unlock()
+					select {
+					case <-ctx.Done():
+					case <-time.After(300 * time.Millisecond):
+					}
 				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(300 * time.Millisecond):
-				}
-			}
-		}()
+			}()
+		}
 	}
 	wg.Wait()
 }
