@@ -14,7 +14,7 @@ export APIARY_CACHE KUBE_VERSION ETCD_VERSION
 CONTROLLER_GEN := go tool controller-gen
 GO_TEST_FLAGS ?=
 
-.PHONY: all build generate verify-generated vet fmt-check deps tools tools-first images unit fuzz integration e2e test bench quickstart cluster-up cluster-down down clean help
+.PHONY: all build generate verify-generated vet fmt-check deps tools images unit fuzz integration e2e test bench quickstart cluster-up cluster-down down clean help
 
 all: build
 
@@ -77,19 +77,10 @@ fuzz: ## A short run of each fuzz target (their seeds run in unit too).
 	go test -run '^$$' -fuzz '^FuzzQuote$$' -fuzztime 2000x -timeout 5m ./hosts
 	go test -run '^$$' -fuzz '^FuzzParsePreflight$$' -fuzztime 30000x -timeout 5m ./hosts
 
-# What the tests need before they start: every tool but the previous
-# Kubernetes minor, which only the e2e upgrade tests use, late in the suite;
-# hack/e2e.sh builds it in the background meanwhile (9 to 10 min of
-# compiling cold, on CPU the suite leaves idle).
-TOOLS_FIRST = kubernetes etcd containerd cni coredns coredns-previous metallb registry helm konnectivity kube-router
-
-tools-first:
-	hack/build-upstream.sh $(TOOLS_FIRST)
-
-integration: deps tools-first ## Integration tests against real kube-apiserver and etcd.
+integration: deps tools ## Integration tests against real kube-apiserver and etcd.
 	go test -tags integration -count=1 $(GO_TEST_FLAGS) ./...
 
-e2e: deps tools-first ## The e2e suite on the local management cluster (started and torn down if not running).
+e2e: deps tools ## The e2e suite on the local management cluster (started and torn down if not running).
 	hack/e2e.sh
 
 test: fmt-check verify-generated vet unit fuzz integration e2e ## Every test: unit, integration, e2e.

@@ -51,7 +51,6 @@ const registeredTenant = "reg"
 // stops the switch until it is freed (test 5).
 func (e *env) testRegisteredTenant(t *testing.T, d *sshhost.Docker, image string) {
 	const name = registeredTenant
-	e.PreviousImages(t)
 	machines := map[string]*sshhost.Host{
 		"reg-cp-1":   e.startHost(t, d, image, "e2e-reg-cp-1"),
 		"reg-cp-2":   e.startHost(t, d, image, "e2e-reg-cp-2"),

@@ -138,7 +138,6 @@ func (e *env) testUpgradeToMissingImages(t *testing.T) {
 func (e *env) testMinorUpgrade(t *testing.T, d *sshhost.Docker, image string) {
 	const name = "upgrade"
 	from, to := images.PreviousKubeVersion, images.KubeVersion
-	e.PreviousImages(t)
 	took := e.CreateTenant(t, name, func(tcp *apiary.TenantControlPlane) { tcp.Spec.Version = from })
 	t.Logf("FIGURE tenant %s at %s: create → Ready in %s", name, from, took.Round(100*time.Millisecond))
 	defer e.deleteTenant(t, name)

@@ -250,20 +250,6 @@ for n in "${names[@]}"; do
   fi
 done
 
-# One build at a time on a machine: hack/e2e.sh builds the previous minor in
-# the background while its first tests run, and the tests that need it run
-# this script for it, which waits here and then finds it built (two builds
-# of one package at once would compile it twice: Go's build cache does not
-# share work in progress).
-mkdir -p "$cache"
-exec 9>"$cache/.build-upstream.lock"
-if ! flock -n 9; then
-  echo "waiting for another hack/build-upstream.sh to finish ($cache/.build-upstream.lock)" >&2
-  wait_start=$SECONDS
-  flock 9
-  echo "waited $((SECONDS - wait_start))s for the other build" >&2
-fi
-
 built=()
 total=$SECONDS
 declare -A done_

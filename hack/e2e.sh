@@ -11,28 +11,13 @@
 # 3. On a failure, prints each failed test's own output last
 #    (hack/testdigest): the reason a run is red, in the tail of a long log.
 #
-# The previous Kubernetes minor (hack/build-upstream.sh kubernetes-previous:
-# 9 to 10 min of compiling on 2 cores cold, nothing when cached) is built
-# in the background at the lowest CPU and I/O priority while the cluster
-# starts and the first tests run: only the upgrade tests, late in the
-# suite, need it, and they wait for it (the script's lock) before they push
-# its images.
-#
 # gotestsum runs go test: it prints what go test -v prints and keeps the
 # events (go test -json) the digest reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 devcluster() { go run ./hack/devcluster "$@"; }
 events=$(mktemp -d)
-previous_pid=
-# stop_previous ends the background build (its process group) if it runs.
-stop_previous() {
-  if [ -n "$previous_pid" ] && kill -0 "$previous_pid" 2>/dev/null; then
-    echo "stopping the background build of the previous minor" >&2
-    kill -- "-$previous_pid" 2>/dev/null || true
-  fi
-}
-trap 'stop_previous; rm -rf "$events"' EXIT
+trap 'rm -rf "$events"' EXIT
 gotest() { # gotest EVENTS-FILE GO-TEST-ARGS...
   local json=$1
   shift
@@ -41,27 +26,13 @@ gotest() { # gotest EVENTS-FILE GO-TEST-ARGS...
 started=0
 devcluster status >/dev/null 2>&1 || started=1
 if [ "$started" = 1 ]; then
-  trap 'stop_previous; rm -rf "$events"; echo "tearing down the cluster this run started" >&2; devcluster down' EXIT
+  trap 'rm -rf "$events"; echo "tearing down the cluster this run started" >&2; devcluster down' EXIT
 fi
-previous_log=$events/kubernetes-previous.log
-# Its own process group (job control on for this one job), to stop it whole.
-set -m
-nice -n 19 ionice -c 3 hack/build-upstream.sh kubernetes-previous </dev/null >"$previous_log" 2>&1 &
-previous_pid=$!
-set +m
 devcluster up
 set +e
 # shellcheck disable=SC2086 # E2E_FLAGS holds flags.
 gotest e2e.json -tags e2e -count=1 -p 1 -timeout 75m -skip TestLifecycle ${E2E_FLAGS:-} ./e2e/... 2>&1 | tee "${APIARY_E2E_LOG:-/dev/null}"
 rc=${PIPESTATUS[0]}
-# The upgrade tests waited for it; a run without them (-run) need not.
-stop_previous
-wait "$previous_pid"
-prc=$?
-if [ "$prc" != 0 ] && [ "$prc" -lt 128 ]; then
-  echo "the background hack/build-upstream.sh kubernetes-previous failed ($prc):" >&2
-  tail -20 "$previous_log" >&2
-fi
 set -e
 if [ "$started" = 1 ]; then
   devcluster down

@@ -35,7 +35,6 @@ func BenchmarkControlPlaneUpgrade(b *testing.B) {
 	const prefix = "bench-upgrade-"
 	deleteTenants(b, e, prefix)
 	from, to := images.PreviousKubeVersion, images.KubeVersion
-	e.PreviousImages(b)
 	var took, gaps []time.Duration
 	var ok, failed int
 	for i := range upgradeRuns {

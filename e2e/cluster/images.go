@@ -29,16 +29,9 @@ var clusterImages = []string{PauseImage, CoreDNSImage, MetalLBImage}
 // imagesToPush splits hack/images' images into those the cluster runs and
 // the rest (without Apiary's own unless opts.ApiaryImage).
 func (c *Cluster) imagesToPush() (first, rest []images.Image) {
-	all := images.All(c.opts.CacheDir, c.opts.ApiaryVersion)
-	// The previous Kubernetes minor's too, when built: upgrade tests
-	// start tenants there. hack/e2e.sh builds it while the suite runs,
-	// and those tests push it then (framework.Env.PreviousImages).
-	if previous := images.Previous(c.opts.CacheDir); images.Check(previous) == nil {
-		all = append(all, previous...)
-	} else {
-		c.logf("    images: the previous minor's are not pushed now: %v", images.Check(previous))
-	}
-	for _, im := range all {
+	// The previous Kubernetes minor's too: upgrade tests start tenants
+	// there.
+	for _, im := range append(images.All(c.opts.CacheDir, c.opts.ApiaryVersion), images.Previous(c.opts.CacheDir)...) {
 		switch {
 		case slices.Contains(clusterImages, im.Ref):
 			first = append(first, im)

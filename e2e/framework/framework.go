@@ -29,7 +29,6 @@ import (
 
 	"github.com/apiaryhq/apiary/cli"
 	"github.com/apiaryhq/apiary/e2e/cluster"
-	"github.com/apiaryhq/apiary/hack/images"
 	"github.com/apiaryhq/apiary/internal/testenv"
 	"github.com/apiaryhq/apiary/operator"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
@@ -334,30 +333,4 @@ func KubectlErr(kubeconfig string, args ...string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig, "--request-timeout=10s"}, args...)...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
-}
-
-// PreviousImages makes sure the previous Kubernetes minor's images
-// (images.PreviousKubeVersion: control plane, kube-proxy, node bundle,
-// CoreDNS) are in the local registry. hack/e2e.sh builds its binaries in
-// the background while the suite's first tests run; hack/build-upstream.sh
-// waits for that build (its lock) and returns at once when they are
-// built. The push skips what the registry holds.
-func (e *Env) PreviousImages(t testing.TB) {
-	t.Helper()
-	start := time.Now()
-	cmd := exec.CommandContext(e.Ctx, filepath.Join(testenv.RepoRoot(), "hack", "build-upstream.sh"), "kubernetes-previous", "coredns-previous")
-	cmd.Dir = testenv.RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("hack/build-upstream.sh kubernetes-previous coredns-previous: %v\n%s", err, out)
-	} else if waited := time.Since(start); waited > 5*time.Second {
-		t.Logf("the previous minor's binaries ready after %s: %s", waited.Round(time.Second), lastLine(out))
-	}
-	if err := images.Push(e.Ctx, cluster.RegistryAddr, images.Previous(images.DefaultCacheDir()), t.Logf); err != nil {
-		t.Fatalf("pushing the previous minor's images: %v", err)
-	}
-}
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
 }
