@@ -35,10 +35,10 @@ const (
 	StepPreflight = "preflight"
 	StepInstall   = "install"
 
-	StepPending   = "Pending"
-	StepRunning   = "Running"
-	StepSucceeded = "Succeeded"
-	StepFailed    = "Failed"
+	StepPending   = apiary.HostStepPending
+	StepRunning   = apiary.HostStepRunning
+	StepSucceeded = apiary.HostStepSucceeded
+	StepFailed    = apiary.HostStepFailed
 )
 
 // Reasons of Host conditions besides those of package hosts.

@@ -89,10 +89,3 @@ func histogramCount(t *testing.T) uint64 {
 	t.Fatal("no apiary_tenant_first_ready_seconds")
 	return 0
 }
-
-// The metrics package reads Host journals by the result's value.
-func TestMetricsKnowsTheFailedResult(t *testing.T) {
-	if metrics.StepFailed != StepFailed {
-		t.Fatalf("metrics.StepFailed %q, controllers.StepFailed %q", metrics.StepFailed, StepFailed)
-	}
-}

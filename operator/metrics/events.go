@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
 var (
@@ -49,7 +51,7 @@ func TenantFirstReady(d time.Duration) { firstReady.Observe(d.Seconds()) }
 // condition's reason when it failed.
 func HostStepEnded(step, result, reason string, d time.Duration) {
 	hostStepDuration.WithLabelValues(step, result).Observe(d.Seconds())
-	if result == StepFailed {
+	if result == apiary.HostStepFailed {
 		hostStepFailures.WithLabelValues(step, reason).Inc()
 	}
 }

@@ -10,6 +10,8 @@ package metrics
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -162,19 +164,9 @@ func conditions(ch chan<- prometheus.Metric, d *prometheus.Desc, conds []metav1.
 			if c.Status == s {
 				v = 1
 			}
-			gauge(ch, d, v, append(append([]string{}, labels...), c.Type, lower(s))...)
+			gauge(ch, d, v, append(append([]string{}, labels...), c.Type, strings.ToLower(string(s)))...)
 		}
 	}
-}
-
-func lower(s metav1.ConditionStatus) string {
-	switch s {
-	case metav1.ConditionTrue:
-		return "true"
-	case metav1.ConditionFalse:
-		return "false"
-	}
-	return "unknown"
 }
 
 func unix(t metav1.Time) float64 { return float64(t.UnixNano()) / 1e9 }
@@ -217,7 +209,7 @@ func collectTenant(ch chan<- prometheus.Metric, tcp *apiary.TenantControlPlane) 
 func collectDataStore(ch chan<- prometheus.Metric, ds *apiary.DataStore) {
 	name := ds.Name
 	managed := ds.Spec.Managed != nil
-	gauge(ch, dataStoreInfo, 1, name, boolLabel(managed))
+	gauge(ch, dataStoreInfo, 1, name, strconv.FormatBool(managed))
 	conditions(ch, dataStoreCondition, ds.Status.Conditions, name)
 	gauge(ch, dataStoreTenants, float64(ds.Status.Tenants), name)
 	if !managed {
@@ -235,23 +227,12 @@ func collectDataStore(ch chan<- prometheus.Metric, ds *apiary.DataStore) {
 	gauge(ch, dataStoreDesiredMembers, float64(ds.Spec.Managed.Replicas), name)
 }
 
-func boolLabel(b bool) string {
-	if b {
-		return "true"
-	}
-	return "false"
-}
-
 func collectHost(ch chan<- prometheus.Metric, h *apiary.Host) {
 	tenant := h.Spec.TenantControlPlane
 	gauge(ch, hostInfo, 1, h.Namespace, h.Name, tenant, h.Status.Version, h.Status.NodeName, string(h.Status.Phase))
 	for _, s := range h.Status.Journal {
-		if s.Result == StepFailed {
+		if s.Result == apiary.HostStepFailed {
 			gauge(ch, hostFailingStep, float64(s.Attempts), h.Namespace, h.Name, tenant, s.Name)
 		}
 	}
 }
-
-// StepFailed is the journal result of a failed Host step (the controllers'
-// StepFailed; the controllers import this package, not the reverse).
-const StepFailed = "Failed"

@@ -65,7 +65,7 @@ func objects() []runtime.Object {
 		Spec:       apiary.HostSpec{TenantControlPlane: "alpha"},
 		Status: apiary.HostStatus{Phase: apiary.HostPhaseFailed, Version: "v1.36.3", NodeName: "worker-1", Journal: []apiary.HostStep{
 			{Name: "preflight", Result: "Succeeded", Attempts: 1},
-			{Name: "upgrade-node", Result: StepFailed, Attempts: 3},
+			{Name: "upgrade-node", Result: apiary.HostStepFailed, Attempts: 3},
 		}},
 	}
 	return []runtime.Object{tcp, done, managed, external, host}
@@ -188,7 +188,7 @@ func TestRegisterTwice(t *testing.T) {
 	if err := Register(reg, collector(t, false)); err != nil {
 		t.Fatalf("second Register: %v", err)
 	}
-	HostStepEnded("join", StepFailed, "JoinFailed", 12*time.Second)
+	HostStepEnded("join", apiary.HostStepFailed, "JoinFailed", 12*time.Second)
 	TenantFirstReady(40 * time.Second)
 	n, err := testutil.GatherAndCount(reg, "apiary_tenant_info", "apiary_host_step_failures_total", "apiary_tenant_first_ready_seconds")
 	if err != nil {

@@ -123,6 +123,14 @@ type HostFacts struct {
 	ContainerRuntimeVersion string `json:"containerRuntimeVersion,omitempty"`
 }
 
+// Results of a journal step (HostStep.Result).
+const (
+	HostStepPending   = "Pending"
+	HostStepRunning   = "Running"
+	HostStepSucceeded = "Succeeded"
+	HostStepFailed    = "Failed"
+)
+
 // HostStep is one entry of a Host's journal: every step the agent takes on
 // the host is recorded so that it resumes, not repeats, after a restart.
 type HostStep struct {
