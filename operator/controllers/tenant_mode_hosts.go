@@ -26,11 +26,8 @@ import (
 )
 
 // wantedHosts are the tenant's Hosts that should run its control plane:
-// joined (phase Ready) with role control-plane, by name, and those it runs
-// on that upgrade their kubelet (phase Upgrading, which lasts until the
-// Host sees its Node again, a little after status.upgradingTo is cleared;
-// or Failed at an upgrade step, which is retried: its control plane
-// stays, out of the Service).
+// its control-plane Hosts (spec.role, not being deleted) for which
+// wantsControlPlane says so.
 func (r *TenantControlPlaneReconciler) wantedHosts(ctx context.Context, tcp *apiary.TenantControlPlane) (map[string]*apiary.Host, error) {
 	var list apiary.HostList
 	if err := r.Client.List(ctx, &list, client.InNamespace(tcp.Namespace)); err != nil {
@@ -43,12 +40,38 @@ func (r *TenantControlPlaneReconciler) wantedHosts(ctx context.Context, tcp *api
 		if h.Spec.TenantControlPlane != tcp.Name || h.Spec.Role != apiary.HostRoleControlPlane || !h.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if h.Status.Phase == apiary.HostPhaseReady ||
-			(h.Status.Phase == apiary.HostPhaseUpgrading || h.Status.Phase == apiary.HostPhaseFailed && h.Status.UpgradingTo != "") && slices.Contains(on, h.Name) {
+		if wantsControlPlane(h, slices.Contains(on, h.Name)) {
 			out[h.Name] = h
 		}
 	}
 	return out, nil
+}
+
+// wantsControlPlane says whether a control-plane Host should run its
+// tenant's control plane. One that does not yet (runs false) starts once
+// joined with its Node Ready (phase Ready). One that runs it keeps it for
+// as long as it stays joined, whatever its phase says meanwhile: its Node
+// NotReady for a while (its kubelet restarting in a CA step, heartbeats
+// lost while another host's control plane restarts), a kubelet upgrade
+// under way, a failed upgrade or CA step (retried). Taking the control
+// plane off then would remove a backend just when the tenant is short of
+// one, and make the Node's trouble worse; a host that no longer answers
+// leaves the Service by its probe instead. It stops when the Host leaves
+// (role, deletion, standby: NodeName cleared, phase Draining or
+// Resetting).
+func wantsControlPlane(h *apiary.Host, runs bool) bool {
+	st := &h.Status
+	if st.Phase == apiary.HostPhaseReady {
+		return true
+	}
+	if !runs || st.NodeName == "" {
+		return false
+	}
+	switch st.Phase {
+	case apiary.HostPhaseJoining, apiary.HostPhaseUpgrading, apiary.HostPhaseFailed:
+		return true
+	}
+	return false
 }
 
 // joiningHosts names the tenant's control-plane Hosts on their way to
