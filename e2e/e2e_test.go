@@ -670,6 +670,9 @@ func (e *env) testOperatorRestart(t *testing.T) {
 	if err := e.C.Create(e.Ctx, tcp); err != nil {
 		t.Fatal(err)
 	}
+	// No later test uses gamma: on 2 cores its idle control plane would
+	// slow every one of them.
+	t.Cleanup(func() { e.deleteTenant(t, "gamma") })
 	// Kill the leader while it provisions: as soon as the tenant's first
 	// objects appear.
 	framework.Eventually(t, "gamma provisioning started", time.Minute, func() error {
