@@ -235,6 +235,16 @@ func (d *Docker) start(ctx context.Context) error {
 		// No docker0: test hosts live on networks the tests create.
 		"--bridge", "none",
 		"--default-address-pool", "base=" + AddressPool + ",size=24",
+		// Hairpin mode on the bridge ports (dockerd sets it when there
+		// is no userland proxy; no test publishes a port). A host's
+		// connection to a LoadBalancer address the machine's kube-proxy
+		// sends back to that same host (a registered tenant's endpoint
+		// with that host as its only backend) leaves and re-enters one
+		// bridge port: without hairpin mode the bridge drops it, which
+		// no routed network does. The kubelet of the only serving
+		// control-plane host then lost its API server, and its Node went
+		// NotReady during every rewrite of the other host.
+		"--userland-proxy=false",
 		"--storage-driver", "overlay2",
 		"--log-level", "warn",
 	}
