@@ -78,7 +78,9 @@ func (e *env) testCARotation(t *testing.T, name, shape string, hostNames []strin
 	cmd.SetErr(&errOut)
 	start := time.Now()
 	if err := cmd.ExecuteContext(e.Ctx); err != nil {
-		t.Fatalf("apiary certs rotate --ca: %v\n%s%s\nstatus.caRotation: %+v", err, out.String(), errOut.String(), e.TCP(t, name).Status.CARotation)
+		tcp := e.TCP(t, name)
+		t.Fatalf("apiary certs rotate --ca: %v\n%s%s\nstatus.caRotation: %+v\nstatus.controlPlaneHosts: %+v\nwhat happened since the rotation began:\n%s",
+			err, out.String(), errOut.String(), tcp.Status.CARotation, tcp.Status.ControlPlaneHosts, tenantTimeline(e, name, start))
 	}
 	took := time.Since(start)
 	t.Logf("apiary certs rotate %s --ca --yes --wait 15m (%s):\n%s", name, took.Round(time.Second), out.String())
@@ -219,6 +221,51 @@ func caPhaseEvents(e *env, name string) string {
 		out = append(out, fmt.Sprintf("%s at %s", m.what, m.at.Sub(marks[0].at).Round(100*time.Millisecond)))
 	}
 	return strings.Join(out, ", ")
+}
+
+// tenantTimeline lists the events of a tenant and of its Hosts since a
+// moment, oldest first: which phase, host step or Node condition took the
+// time when a rotation overran.
+func tenantTimeline(e *env, name string, since time.Time) string {
+	var hostList apiary.HostList
+	if err := e.C.List(e.Ctx, &hostList, client.InNamespace(framework.TenantsNS)); err != nil {
+		return err.Error()
+	}
+	ours := map[string]bool{}
+	for _, h := range hostList.Items {
+		if h.Spec.TenantControlPlane == name {
+			ours[h.Name] = true
+		}
+	}
+	var list corev1.EventList
+	if err := e.C.List(e.Ctx, &list, client.InNamespace(framework.TenantsNS)); err != nil {
+		return err.Error()
+	}
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var lines []line
+	for _, ev := range list.Items {
+		o := ev.InvolvedObject
+		if !(o.Kind == "TenantControlPlane" && o.Name == name) && !(o.Kind == "Host" && ours[o.Name]) {
+			continue
+		}
+		at := ev.LastTimestamp.Time
+		if at.IsZero() {
+			at = ev.EventTime.Time
+		}
+		if at.Before(since) {
+			continue
+		}
+		lines = append(lines, line{at, fmt.Sprintf("%8s %s %s/%s: %.200s", at.Sub(since).Round(time.Second), ev.Reason, o.Kind, o.Name, ev.Message)})
+	}
+	slices.SortFunc(lines, func(a, b line) int { return a.at.Compare(b.at) })
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l.text + "\n")
+	}
+	return b.String()
 }
 
 func nodeReady(n *corev1.Node) bool {

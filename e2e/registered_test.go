@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -428,8 +429,58 @@ func (e *env) testHostLeavesAndReturns(t *testing.T, d *sshhost.Docker, machines
 	tcp = e.waitServing(t, name, "reg-cp-1", "reg-cp-2")
 	back := time.Since(start)
 	e.checkHostsOnly(t, tcp, machines["reg-cp-1"].Address, machines["reg-cp-2"].Address)
+
+	// A Node NotReady is not a Host leaving: with reg-cp-1's kubelet
+	// stopped (its static pods run on) until its Node is NotReady, the
+	// tenant keeps reg-cp-1's control plane in place and serving.
+	start = time.Now()
+	cp1 := machines["reg-cp-1"]
+	if out, err := d.Exec(e.Ctx, cp1.Name, "systemctl", "stop", "kubelet"); err != nil {
+		t.Fatalf("stopping reg-cp-1's kubelet: %v: %s", err, out)
+	}
+	defer func() { _, _ = d.Exec(e.Ctx, cp1.Name, "systemctl", "start", "kubelet") }() // on a failure below
+	cs := e.tenantClient(t, e.ExportKubeconfig(t, name))
+	framework.Eventually(t, "Node reg-cp-1 NotReady", 3*time.Minute, func() error {
+		n, err := cs.CoreV1().Nodes().Get(e.Ctx, "reg-cp-1", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if nodeReady(n) {
+			return errors.New("still Ready")
+		}
+		return nil
+	})
+	// A Ready Host looks at its Node every few minutes; a change of its
+	// spec (a Node label, as a user would add) has it look now.
+	framework.Eventually(t, "label on Host reg-cp-1", 30*time.Second, func() error {
+		h := e.host(t, "reg-cp-1")
+		if h.Spec.Labels == nil {
+			h.Spec.Labels = map[string]string{}
+		}
+		h.Spec.Labels["e2e.apiary.dev/kubelet-stopped"] = "true"
+		return e.C.Update(e.Ctx, h)
+	})
+	framework.Eventually(t, "Host reg-cp-1 sees its Node NotReady", time.Minute, func() error {
+		if h := e.host(t, "reg-cp-1"); h.Status.Phase == apiary.HostPhaseReady {
+			return fmt.Errorf("Host phase %s", h.Status.Phase)
+		}
+		return nil
+	})
+	notReady := time.Since(start)
+	time.Sleep(5 * time.Second) // a few reconciles of the tenant
+	for _, h := range e.TCP(t, name).Status.ControlPlaneHosts {
+		if h.Host == "reg-cp-1" && (h.Step == apiary.HostStepStop || !h.Serving) {
+			t.Errorf("with its Node NotReady, reg-cp-1's control plane: step %s %s, serving %v (want it left running and serving)", h.Step, h.Result, h.Serving)
+		}
+	}
+	if out, err := d.Exec(e.Ctx, cp1.Name, "systemctl", "start", "kubelet"); err != nil {
+		t.Fatalf("starting reg-cp-1's kubelet: %v: %s", err, out)
+	}
+	e.waitHostReady(t, "reg-cp-1")
+	e.waitServing(t, name, "reg-cp-1", "reg-cp-2")
 	time.Sleep(2 * time.Second)
-	t.Logf("FIGURE control-plane Host removed in %s, added back in %s; %s", left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), c.check(t))
+	t.Logf("FIGURE control-plane Host removed in %s, added back in %s; its Node NotReady after %s without stopping its control plane; %s",
+		left.Round(100*time.Millisecond), back.Round(100*time.Millisecond), notReady.Round(time.Second), c.check(t))
 }
 
 // testRegisteredRotation (issue 10's day 2, issue 12's rotation): in
