@@ -24,6 +24,8 @@
 #   konnectivity  konnectivity-v0.36.0  proxy-server proxy-agent                hack/tools/konnectivity
 #   kube-router   kube-router-v2.1.0    kube-router                             hack/tools/kube-router
 #                 (the CNI of the e2e tests and make quickstart; see hack/cni/kube-router.yaml)
+#   prometheus    prometheus-v0.316.0   promtool (checks and unit-tests the     hack/tools/prometheus
+#                 chart's alert rules: charts/alerts_test.go)
 #
 # Output: $APIARY_CACHE/bin/<component>-<version>/<bin> (APIARY_CACHE defaults
 # to ~/.cache/apiary). A binary already there is not rebuilt (delete it to
@@ -68,6 +70,7 @@ pin REGISTRY_VERSION "$here/tools/registry" github.com/distribution/distribution
 pin HELM_VERSION "$here/tools/helm" helm.sh/helm/v3
 pin KONNECTIVITY_VERSION "$here/tools/konnectivity" sigs.k8s.io/apiserver-network-proxy
 pin KUBE_ROUTER_VERSION "$here/tools/kube-router" github.com/cloudnativelabs/kube-router/v2
+pin PROMETHEUS_VERSION "$here/tools/prometheus" github.com/prometheus/prometheus
 
 # kube_stamp VERSION: the ldflags that stamp a Kubernetes version.
 kube_stamp() {
@@ -124,6 +127,7 @@ kr_pkg=github.com/cloudnativelabs/kube-router/v2
 # kube-router's Makefile stamps its version; without it the binary says "".
 spec[kube-router]="kube-router-$KUBE_ROUTER_VERSION|$here/tools/kube-router|$kr_pkg/cmd/kube-router||-X $kr_pkg/pkg/version.Version=$KUBE_ROUTER_VERSION -X $kr_pkg/pkg/version.BuildDate=1970-01-01T00:00:00Z"
 spec[proxy-agent]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|sigs.k8s.io/apiserver-network-proxy/cmd/agent||"
+spec[promtool]="prometheus-$PROMETHEUS_VERSION|$here/tools/prometheus|github.com/prometheus/prometheus/cmd/promtool||"
 
 declare -A groups=(
   [kubernetes]="${kube_bins[*]}"
@@ -138,8 +142,9 @@ declare -A groups=(
   [helm]=helm
   [konnectivity]="proxy-server proxy-agent"
   [kube-router]=kube-router
+  [prometheus]=promtool
 )
-order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router kubernetes-previous coredns-previous)
+order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router prometheus kubernetes-previous coredns-previous)
 
 # metallb_modfile prepares a `go build -modfile` for the MetalLB controller and
 # prints its path. MetalLB v0.16.2 requires github.com/metallb/frr-k8s

@@ -20,6 +20,8 @@ const (
 	KubeVersion = "v1.37.2"
 	EtcdVersion = "v3.6.16"
 	HelmVersion = "v3.22.0"
+	// PrometheusVersion is hack/tools/prometheus's (promtool).
+	PrometheusVersion = "v0.316.0"
 )
 
 func cacheDir() string {
@@ -52,6 +54,11 @@ func EtcdBinary(name string) (string, error) {
 // HelmBinary is the from-source helm.
 func HelmBinary() (string, error) {
 	return CacheBinary("helm-"+HelmVersion, "helm")
+}
+
+// PromtoolBinary returns Prometheus's promtool built from source.
+func PromtoolBinary() (string, error) {
+	return CacheBinary("prometheus-"+PrometheusVersion, "promtool")
 }
 
 // CacheBinary returns a binary that hack/build-upstream.sh built into
