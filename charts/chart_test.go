@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -41,7 +42,8 @@ func helm(t *testing.T, args ...string) string {
 }
 
 func TestHelmLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"--set", "webhook.certManager.enabled=true"}, {"--set", "defaultDataStore.create=false,metrics.enabled=false"}} {
+	for _, set := range [][]string{nil, {"--set", "webhook.certManager.enabled=true"}, {"--set", "defaultDataStore.create=false,metrics.enabled=false"},
+		{"--set", monitoringSet}} {
 		out := helm(t, append([]string{"lint", "--strict", "apiary"}, set...)...)
 		if !strings.Contains(out, "0 chart(s) failed") {
 			t.Errorf("helm lint %v:\n%s", set, out)
@@ -55,6 +57,7 @@ func TestHelmTemplateGolden(t *testing.T) {
 		"cert-manager": {"--set", "webhook.certManager.enabled=true"},
 		"dev":          {"--set", "replicaCount=1,defaultDataStore.managed.storage.emptyDir=true,operator.imageRepository=mirror.example.com/k8s"},
 		"namespaced":   {"--set", "operator.tenantNamespaces={team-a,team-b}"},
+		"monitoring":   {"--set", monitoringSet},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := helm(t, append([]string{"template", "apiary", "apiary", "--namespace", "apiary-system"}, set...)...)
@@ -79,6 +82,103 @@ func TestHelmTemplateGolden(t *testing.T) {
 				t.Errorf("rendered chart differs from %s; run go test -tags integration ./charts -update if intended", path)
 			}
 		})
+	}
+}
+
+// monitoringSet turns on the chart's ServiceMonitor and PrometheusRule.
+const monitoringSet = "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true"
+
+// The shipped alert rules pass promtool's checks and its unit tests
+// (testdata/alerts_test.yaml: each alert fires on its fault, only after its
+// for:, and not on a healthy object), and the chart's PrometheusRule holds
+// exactly them.
+func TestAlertRules(t *testing.T) {
+	promtool, err := testenv.PromtoolBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(dir string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	const rules = "apiary/files/alerts.yaml"
+	if out := run(".", "check", "rules", rules); !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool check rules:\n%s", out)
+	}
+	if out := run("testdata", "test", "rules", "alerts_test.yaml"); !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules:\n%s", out)
+	}
+
+	// Every alert has a unit test and a runbook.
+	raw, err := os.ReadFile(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(raw, &file); err != nil {
+		t.Fatal(err)
+	}
+	tests, err := os.ReadFile(filepath.Join("testdata", "alerts_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runbooks, err := os.ReadFile(filepath.Join("..", "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range file.Groups {
+		for _, r := range g.Rules {
+			n++
+			if !strings.Contains(string(tests), "alertname: "+r.Alert+"\n") {
+				t.Errorf("alert %s has no case in testdata/alerts_test.yaml", r.Alert)
+			}
+			if !strings.Contains(string(runbooks), "\n## "+r.Alert+"\n") {
+				t.Errorf("alert %s has no section in docs/runbooks.md", r.Alert)
+			}
+			if want := "docs/runbooks.md#" + strings.ToLower(r.Alert); !strings.HasSuffix(r.Annotations["runbook_url"], want) {
+				t.Errorf("alert %s: runbook_url %q, want it to end in %s", r.Alert, r.Annotations["runbook_url"], want)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no alerts in " + rules)
+	}
+
+	// The PrometheusRule's spec is the file.
+	got := helm(t, "template", "apiary", "apiary", "--namespace", "apiary-system", "--set", monitoringSet, "--show-only", "templates/monitoring.yaml")
+	var spec any
+	for _, doc := range strings.Split(got, "\n---\n") {
+		var v struct {
+			Kind string `json:"kind"`
+			Spec any    `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.Kind == "PrometheusRule" {
+			spec = v.Spec
+		}
+	}
+	var want any
+	if err := yaml.Unmarshal(raw, &want); err != nil {
+		t.Fatal(err)
+	}
+	if spec == nil || !reflect.DeepEqual(spec, want) {
+		t.Errorf("the PrometheusRule's spec is not files/alerts.yaml:\n%s", got)
 	}
 }
 
