@@ -184,8 +184,24 @@ func (e *env) testPeerCAMove(t *testing.T, ds *apiary.DataStore) {
 		return nil
 	})
 
-	// A tenant client writing throughout.
+	// A tenant client writing throughout. It writes first until ten
+	// writes in a row succeed: after every member restarted at once, the
+	// etcd client of the tenant API server this client reaches may still
+	// be in its reconnect backoff while another one (kubectl's above)
+	// already writes. Seen in CI: the first two writes timed out before
+	// the operator had started.
 	cs := e.tenantClient(t, kc)
+	framework.Eventually(t, "the tenant's writes succeed ten times in a row", 2*time.Minute, func() error {
+		for i := range 10 {
+			reqCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := cs.CoreV1().ConfigMaps("default").Create(reqCtx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "peer-ca-move-"}}, metav1.CreateOptions{})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("write %d: %w", i+1, err)
+			}
+		}
+		return nil
+	})
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	var mu sync.Mutex
 	var writes, failed int
