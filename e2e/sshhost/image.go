@@ -232,6 +232,11 @@ PubkeyAuthentication yes
 UseDNS no
 `
 
+// kubeletDefaults sets KUBELET_EXTRA_ARGS: eviction only when a filesystem
+// is nearly full, image garbage collection late.
+const kubeletDefaults = `KUBELET_EXTRA_ARGS=--eviction-hard=memory.available<100Mi,nodefs.available<2%,nodefs.inodesFree<2%,imagefs.available<2% --image-gc-high-threshold=95 --image-gc-low-threshold=90
+`
+
 // imageFiles are written over the debootstrapped tree.
 func imageFiles(cache string) map[string]imageFile {
 	cbin := filepath.Join(cache, "bin", "containerd-"+ContainerdVersion)
@@ -256,6 +261,13 @@ func imageFiles(cache string) map[string]imageFile {
 		"etc/hostname":   {mode: 0o644, content: "apiary-testhost\n"},
 		// pam_env reads it at every SSH login (and warns when missing).
 		"etc/default/locale": {mode: 0o644, content: "LANG=C.UTF-8\n"},
+		// The host owner's kubelet flags (the unit the host agent installs
+		// reads this file). The hosts' /var is this machine's disk, which
+		// Go's build cache keeps well below kubeadm's default imagefs
+		// threshold (15 % free): the kubelet would taint every Node with
+		// disk-pressure and evict the tests' pods. These are the management
+		// cluster's own kubelet thresholds (e2e/cluster).
+		"etc/default/kubelet": {mode: 0o644, content: kubeletDefaults},
 	}
 	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
 		f["usr/local/bin/"+b] = imageFile{mode: 0o755, src: filepath.Join(cbin, b)}
