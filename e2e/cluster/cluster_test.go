@@ -148,3 +148,13 @@ func TestLeavesCoverAddresses(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckFree(t *testing.T) {
+	if err := checkFree("/var/lib", minFreeBytes); err != nil {
+		t.Errorf("exactly the minimum: %v", err)
+	}
+	err := checkFree("/var/lib", 6<<30+1<<29)
+	if err == nil || !strings.Contains(err.Error(), "only 6.5 GiB free on the filesystem of /var/lib") || !strings.Contains(err.Error(), "at least 10 GiB") {
+		t.Errorf("6.5 GiB: %v", err)
+	}
+}

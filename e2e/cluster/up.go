@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/apiaryhq/apiary/internal/hostnet"
@@ -217,7 +218,36 @@ func (c *Cluster) preflight(ctx context.Context) error {
 			return err
 		}
 	}
+	// The cluster's containerd, kubelet and etcd live in the state dir,
+	// the registry's images in the cache.
+	for _, d := range []string{c.opts.StateDir, c.opts.CacheDir} {
+		if err := enoughSpace(d); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// minFreeBytes is a floor for what the cluster, its images and a run of
+// the e2e suite write, with a margin: short of space, pods get evicted and
+// images garbage-collected mid-run, which fails tests far from the cause.
+const minFreeBytes = 10 << 30
+
+// enoughSpace refuses a filesystem with less than minFreeBytes available.
+func enoughSpace(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("free space on %s: %w", dir, err)
+	}
+	return checkFree(dir, st.Bavail*uint64(st.Bsize))
+}
+
+func checkFree(dir string, avail uint64) error {
+	if avail >= minFreeBytes {
+		return nil
+	}
+	return fmt.Errorf("only %.1f GiB free on the filesystem of %s; the local cluster needs at least %d GiB "+
+		"(Go's build cache is often the largest user: go clean -cache)", float64(avail)/(1<<30), dir, minFreeBytes>>30)
 }
 
 // Down stops every process of the cluster and removes everything it made
