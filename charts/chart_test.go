@@ -85,8 +85,8 @@ func TestHelmTemplateGolden(t *testing.T) {
 	}
 }
 
-// monitoringSet turns on the chart's ServiceMonitor and PrometheusRule.
-const monitoringSet = "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true"
+// monitoringSet turns on the chart's ServiceMonitor, PrometheusRule and Grafana dashboard.
+const monitoringSet = "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true"
 
 // The shipped alert rules pass promtool's checks and its unit tests
 // (testdata/alerts_test.yaml: each alert fires on its fault, only after its

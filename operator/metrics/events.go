@@ -10,21 +10,46 @@ import (
 )
 
 var (
-	firstReady = prometheus.NewHistogram(prometheus.HistogramOpts{
+	firstReadyOpts = prometheus.HistogramOpts{
 		Name:    "apiary_tenant_first_ready_seconds",
 		Help:    "Time from a tenant's creation to its first Ready (status.firstReady), observed by the replica that saw it.",
 		Buckets: []float64{15, 30, 45, 60, 90, 120, 180, 300, 600, 1200},
-	})
-	hostStepDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	}
+	hostStepDurationOpts = prometheus.HistogramOpts{
 		Name:    "apiary_host_step_duration_seconds",
 		Help:    "Duration of each attempt of a Host's step (preflight, install, join, upgrade-*, leave, ...), by step and result (Succeeded, Failed).",
 		Buckets: []float64{1, 5, 10, 20, 30, 60, 120, 300, 600, 1200},
-	}, []string{"step", "result"})
-	hostStepFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}
+	hostStepFailuresOpts = prometheus.CounterOpts{
 		Name: "apiary_host_step_failures_total",
 		Help: "Failed attempts of Host steps, by step and the reason their condition gives.",
-	}, []string{"step", "reason"})
+	}
+
+	firstReady       = prometheus.NewHistogram(firstReadyOpts)
+	hostStepDuration = prometheus.NewHistogramVec(hostStepDurationOpts, []string{"step", "result"})
+	hostStepFailures = prometheus.NewCounterVec(hostStepFailuresOpts, []string{"step", "reason"})
 )
+
+// Family is a series family this package exports.
+type Family struct {
+	Name string
+	// Histogram: the family's series are Name_bucket, Name_sum and
+	// Name_count.
+	Histogram bool
+}
+
+// Families lists every family the operator exports under the apiary_
+// prefix, for checks of what refers to them (the chart's dashboard).
+func Families() []Family {
+	var fs []Family
+	for _, n := range stateFamilies {
+		fs = append(fs, Family{Name: n})
+	}
+	return append(fs,
+		Family{Name: firstReadyOpts.Name, Histogram: true},
+		Family{Name: hostStepDurationOpts.Name, Histogram: true},
+		Family{Name: hostStepFailuresOpts.Name})
+}
 
 // Register adds the state collector and the event metrics to reg. A
 // collector registered before (an earlier manager in this process) is

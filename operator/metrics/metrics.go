@@ -35,75 +35,85 @@ type Collector struct {
 }
 
 var (
-	tenantInfo = prometheus.NewDesc("apiary_tenant_info",
+	tenantInfo = newDesc("apiary_tenant_info",
 		"A tenant control plane (always 1): the version its control plane runs and the one spec.version asks for, the mode in effect and asked for, its DataStore and endpoint.",
 		[]string{"namespace", "tenant", "version", "desired_version", "mode", "desired_mode", "datastore", "endpoint", "phase"}, nil)
-	tenantCondition = prometheus.NewDesc("apiary_tenant_condition",
+	tenantCondition = newDesc("apiary_tenant_condition",
 		"1 for the status (true, false, unknown) each condition of a tenant has, 0 for the others.",
 		[]string{"namespace", "tenant", "condition", "status"}, nil)
-	tenantReplicas = prometheus.NewDesc("apiary_tenant_replicas",
+	tenantReplicas = newDesc("apiary_tenant_replicas",
 		"Control-plane pods the tenant's Deployment runs (status.replicas).",
 		[]string{"namespace", "tenant"}, nil)
-	tenantReadyReplicas = prometheus.NewDesc("apiary_tenant_ready_replicas",
+	tenantReadyReplicas = newDesc("apiary_tenant_ready_replicas",
 		"Ready control-plane pods of the tenant (status.readyReplicas).",
 		[]string{"namespace", "tenant"}, nil)
-	tenantDesiredReplicas = prometheus.NewDesc("apiary_tenant_desired_replicas",
+	tenantDesiredReplicas = newDesc("apiary_tenant_desired_replicas",
 		"Control-plane pods spec.replicas asks for.",
 		[]string{"namespace", "tenant"}, nil)
-	tenantCertExpiry = prometheus.NewDesc("apiary_tenant_certificate_expiry_timestamp_seconds",
+	tenantCertExpiry = newDesc("apiary_tenant_certificate_expiry_timestamp_seconds",
 		"When each certificate issued for the tenant expires (Unix time).",
 		[]string{"namespace", "tenant", "certificate"}, nil)
-	tenantCertRenew = prometheus.NewDesc("apiary_tenant_certificate_renew_timestamp_seconds",
+	tenantCertRenew = newDesc("apiary_tenant_certificate_renew_timestamp_seconds",
 		"When each leaf certificate of the tenant is due to be re-issued (Unix time; certificate authorities are not renewed on a timer).",
 		[]string{"namespace", "tenant", "certificate"}, nil)
-	tenantModeSwitch = prometheus.NewDesc("apiary_tenant_mode_switch_phase_started_timestamp_seconds",
+	tenantModeSwitch = newDesc("apiary_tenant_mode_switch_phase_started_timestamp_seconds",
 		"While a switch between modes runs: when its current phase began (Unix time); absent otherwise.",
 		[]string{"namespace", "tenant", "target", "phase"}, nil)
-	tenantUpgrade = prometheus.NewDesc("apiary_tenant_upgrading",
+	tenantUpgrade = newDesc("apiary_tenant_upgrading",
 		"1 while the tenant's control plane runs another version than spec.version asks for; absent otherwise.",
 		[]string{"namespace", "tenant", "from", "to"}, nil)
-	tenantUsageBytes = prometheus.NewDesc("apiary_tenant_datastore_bytes",
+	tenantUsageBytes = newDesc("apiary_tenant_datastore_bytes",
 		"Bytes of the tenant's keys and values in its DataStore, as last measured.",
 		[]string{"namespace", "tenant", "datastore"}, nil)
-	tenantUsageObjects = prometheus.NewDesc("apiary_tenant_datastore_objects",
+	tenantUsageObjects = newDesc("apiary_tenant_datastore_objects",
 		"Keys of the tenant in its DataStore, as last measured.",
 		[]string{"namespace", "tenant", "datastore"}, nil)
-	tenantQuotaBytes = prometheus.NewDesc("apiary_tenant_datastore_quota_bytes",
+	tenantQuotaBytes = newDesc("apiary_tenant_datastore_quota_bytes",
 		"The tenant's byte budget in its DataStore; absent when unlimited.",
 		[]string{"namespace", "tenant", "datastore"}, nil)
-	tenantQuotaObjects = prometheus.NewDesc("apiary_tenant_datastore_quota_objects",
+	tenantQuotaObjects = newDesc("apiary_tenant_datastore_quota_objects",
 		"The tenant's key budget in its DataStore; absent when unlimited.",
 		[]string{"namespace", "tenant", "datastore"}, nil)
 
-	dataStoreInfo = prometheus.NewDesc("apiary_datastore_info",
+	dataStoreInfo = newDesc("apiary_datastore_info",
 		"A DataStore (always 1); managed is true for an etcd the operator runs.",
 		[]string{"datastore", "managed"}, nil)
-	dataStoreCondition = prometheus.NewDesc("apiary_datastore_condition",
+	dataStoreCondition = newDesc("apiary_datastore_condition",
 		"1 for the status (true, false, unknown) each condition of a DataStore has, 0 for the others.",
 		[]string{"datastore", "condition", "status"}, nil)
-	dataStoreMembers = prometheus.NewDesc("apiary_datastore_members",
+	dataStoreMembers = newDesc("apiary_datastore_members",
 		"Members of a managed etcd as etcd lists them, learners included.",
 		[]string{"datastore"}, nil)
-	dataStoreLearners = prometheus.NewDesc("apiary_datastore_learners",
+	dataStoreLearners = newDesc("apiary_datastore_learners",
 		"Members of a managed etcd that are learners (not voting yet).",
 		[]string{"datastore"}, nil)
-	dataStoreMembersReady = prometheus.NewDesc("apiary_datastore_members_ready",
+	dataStoreMembersReady = newDesc("apiary_datastore_members_ready",
 		"Ready members of a managed etcd.",
 		[]string{"datastore"}, nil)
-	dataStoreDesiredMembers = prometheus.NewDesc("apiary_datastore_desired_members",
+	dataStoreDesiredMembers = newDesc("apiary_datastore_desired_members",
 		"Members spec.managed.replicas asks for.",
 		[]string{"datastore"}, nil)
-	dataStoreTenants = prometheus.NewDesc("apiary_datastore_tenants",
+	dataStoreTenants = newDesc("apiary_datastore_tenants",
 		"Tenant control planes bound to the DataStore.",
 		[]string{"datastore"}, nil)
 
-	hostInfo = prometheus.NewDesc("apiary_host_info",
+	hostInfo = newDesc("apiary_host_info",
 		"A Host (always 1): its tenant, the Kubernetes version installed on it, its Node and its phase.",
 		[]string{"namespace", "host", "tenant", "version", "node", "phase"}, nil)
-	hostFailingStep = prometheus.NewDesc("apiary_host_failing_step_attempts",
+	hostFailingStep = newDesc("apiary_host_failing_step_attempts",
 		"While a Host's step has failed and waits to be tried again: how many times it was tried; absent otherwise.",
 		[]string{"namespace", "host", "tenant", "step"}, nil)
 )
+
+// stateFamilies are the names of the state series, in declaration order.
+var stateFamilies []string
+
+// newDesc is prometheus.NewDesc that also records the family's name, which
+// a Desc does not give back.
+func newDesc(name, help string, labels []string, constLabels prometheus.Labels) *prometheus.Desc {
+	stateFamilies = append(stateFamilies, name)
+	return prometheus.NewDesc(name, help, labels, constLabels)
+}
 
 // Describe sends every state series' description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {

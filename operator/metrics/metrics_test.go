@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,7 +39,7 @@ func objects() []runtime.Object {
 				{Type: apiary.ConditionVersionRolledOut, Status: metav1.ConditionFalse, Reason: "Upgrading"},
 			},
 			DataStore: apiary.DataStoreBinding{Name: "shared", Usage: &apiary.DataStoreUsage{Bytes: 1500, Objects: 12,
-				Quota: apiary.TenantQuota{Bytes: ptr.To(resource.MustParse("10Mi"))}}},
+				Quota: apiary.TenantQuota{Bytes: ptr.To(resource.MustParse("10Mi")), Objects: ptr.To[int64](1000)}}},
 			Certificates: []apiary.CertificateStatus{
 				{Name: "ca", NotAfter: at("2036-01-01T00:00:00Z")},
 				{Name: "apiserver", NotAfter: at("2027-01-01T00:00:00Z"), RenewAt: ptr.To(at("2026-12-01T00:00:00Z"))},
@@ -144,6 +146,9 @@ apiary_tenant_datastore_objects{datastore="shared",namespace="tenants",tenant="a
 # HELP apiary_tenant_datastore_quota_bytes The tenant's byte budget in its DataStore; absent when unlimited.
 # TYPE apiary_tenant_datastore_quota_bytes gauge
 apiary_tenant_datastore_quota_bytes{datastore="shared",namespace="tenants",tenant="alpha"} 1.048576e+07
+# HELP apiary_tenant_datastore_quota_objects The tenant's key budget in its DataStore; absent when unlimited.
+# TYPE apiary_tenant_datastore_quota_objects gauge
+apiary_tenant_datastore_quota_objects{datastore="shared",namespace="tenants",tenant="alpha"} 1000
 # HELP apiary_tenant_desired_replicas Control-plane pods spec.replicas asks for.
 # TYPE apiary_tenant_desired_replicas gauge
 apiary_tenant_desired_replicas{namespace="tenants",tenant="alpha"} 2
@@ -198,5 +203,31 @@ func TestRegisterTwice(t *testing.T) {
 	// failure counter, one histogram.
 	if n != 2 {
 		t.Fatalf("%d series, want 2", n)
+	}
+}
+
+// Families names exactly the families a leader exports (the fixture has
+// every kind of series), with the histograms marked.
+func TestFamiliesAreWhatIsExported(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := Register(reg, collector(t, true)); err != nil {
+		t.Fatal(err)
+	}
+	HostStepEnded("join", apiary.HostStepFailed, "JoinFailed", 12*time.Second)
+	TenantFirstReady(40 * time.Second)
+	gathered, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, mf := range gathered {
+		exported[mf.GetName()] = mf.GetType() == dto.MetricType_HISTOGRAM
+	}
+	listed := map[string]bool{}
+	for _, f := range Families() {
+		listed[f.Name] = f.Histogram
+	}
+	if !maps.Equal(exported, listed) {
+		t.Errorf("Families() = %v, the registry exports %v", listed, exported)
 	}
 }
