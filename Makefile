@@ -45,7 +45,7 @@ vet: ## go vet, including the integration- and e2e-tagged files.
 deps: ## Install the Debian packages a fresh machine lacks (runc, iptables, conntrack, ...).
 	hack/install-deps.sh
 
-tools: ## Build every upstream binary from source (cached; 26 to 38 min cold on 2 cores): Kubernetes v1.37 and v1.36, etcd, containerd, CNI, CoreDNS, MetalLB, registry, helm, konnectivity, kube-router, promtool.
+tools: ## Build every upstream binary from source (cached; 26 to 38 min cold on 2 cores): Kubernetes v1.37 and v1.36, etcd, containerd, CNI, CoreDNS, MetalLB, registry, helm, konnectivity, kube-router, Prometheus (promtool and server).
 	hack/build-upstream.sh all
 
 images: tools ## Save docker-save tarballs of every image (the local cluster pushes them to its registry itself).

@@ -420,6 +420,7 @@ func (e *env) testOperatorMetrics(t *testing.T) {
 	if families["apiary_tenant_first_ready_seconds"].GetMetric()[0].GetHistogram().GetSampleCount() == 0 {
 		t.Error("apiary_tenant_first_ready_seconds observed nothing on the leader")
 	}
+	t.Run("ARealPrometheusScrapesAndAlerts", func(t *testing.T) { e.testPrometheus(t, "127.0.0.1:"+port, token) })
 }
 
 // testNetworkPolicy steers a tenant's own kube-apiserver at management pods

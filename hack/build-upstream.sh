@@ -25,7 +25,8 @@
 #   kube-router   kube-router-v2.1.0    kube-router                             hack/tools/kube-router
 #                 (the CNI of the e2e tests and make quickstart; see hack/cni/kube-router.yaml)
 #   prometheus    prometheus-v0.316.0   promtool (checks and unit-tests the     hack/tools/prometheus
-#                 chart's alert rules: charts/alerts_test.go)
+#                 chart's alert rules and dashboard: charts/*_test.go),
+#                 prometheus (the server the e2e suite scrapes the operator with)
 #
 # Output: $APIARY_CACHE/bin/<component>-<version>/<bin> (APIARY_CACHE defaults
 # to ~/.cache/apiary). A binary already there is not rebuilt (delete it to
@@ -128,6 +129,11 @@ kr_pkg=github.com/cloudnativelabs/kube-router/v2
 spec[kube-router]="kube-router-$KUBE_ROUTER_VERSION|$here/tools/kube-router|$kr_pkg/cmd/kube-router||-X $kr_pkg/pkg/version.Version=$KUBE_ROUTER_VERSION -X $kr_pkg/pkg/version.BuildDate=1970-01-01T00:00:00Z"
 spec[proxy-agent]="konnectivity-$KONNECTIVITY_VERSION|$here/tools/konnectivity|sigs.k8s.io/apiserver-network-proxy/cmd/agent||"
 spec[promtool]="prometheus-$PROMETHEUS_VERSION|$here/tools/prometheus|github.com/prometheus/prometheus/cmd/promtool||"
+# The server for the e2e suite's scrape of the operator: remove_all_sd
+# leaves out every service discovery but static targets (the cloud SDKs
+# are most of its build), the UI's assets are not embedded (its API is
+# what the tests use).
+spec[prometheus]="prometheus-$PROMETHEUS_VERSION|$here/tools/prometheus|github.com/prometheus/prometheus/cmd/prometheus|remove_all_sd|"
 
 declare -A groups=(
   [kubernetes]="${kube_bins[*]}"
@@ -142,7 +148,7 @@ declare -A groups=(
   [helm]=helm
   [konnectivity]="proxy-server proxy-agent"
   [kube-router]=kube-router
-  [prometheus]=promtool
+  [prometheus]="promtool prometheus"
 )
 order=(kubernetes etcd containerd cni coredns metallb registry helm konnectivity kube-router prometheus kubernetes-previous coredns-previous)
 

@@ -20,7 +20,7 @@ const (
 	KubeVersion = "v1.37.2"
 	EtcdVersion = "v3.6.16"
 	HelmVersion = "v3.22.0"
-	// PrometheusVersion is hack/tools/prometheus's (promtool).
+	// PrometheusVersion is hack/tools/prometheus's (promtool and the server).
 	PrometheusVersion = "v0.316.0"
 )
 
@@ -59,6 +59,12 @@ func HelmBinary() (string, error) {
 // PromtoolBinary returns Prometheus's promtool built from source.
 func PromtoolBinary() (string, error) {
 	return CacheBinary("prometheus-"+PrometheusVersion, "promtool")
+}
+
+// PrometheusBinary returns the Prometheus server built from source (static
+// scrape targets only: built with the tag remove_all_sd).
+func PrometheusBinary() (string, error) {
+	return CacheBinary("prometheus-"+PrometheusVersion, "prometheus")
 }
 
 // CacheBinary returns a binary that hack/build-upstream.sh built into
