@@ -31,7 +31,7 @@ fi
 devcluster up
 set +e
 # shellcheck disable=SC2086 # E2E_FLAGS holds flags.
-gotest e2e.json -tags e2e -count=1 -p 1 -timeout 75m -skip TestLifecycle ${E2E_FLAGS:-} ./e2e/... 2>&1 | tee "${APIARY_E2E_LOG:-/dev/null}"
+gotest e2e.json -tags e2e -count=1 -p 1 -timeout 80m -skip TestLifecycle ${E2E_FLAGS:-} ./e2e/... 2>&1 | tee "${APIARY_E2E_LOG:-/dev/null}"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$started" = 1 ]; then
