@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,7 +49,10 @@ const (
 	caKubeletWait = 90
 	// caServingWait bounds the wait for its new serving certificate.
 	caServingWait = 90 * time.Second
-	caTurnPoll    = 5 * time.Second
+	// kubeletAnswerWait bounds the wait for a restarted kubelet to answer
+	// through the tenant's API server again.
+	kubeletAnswerWait = 2 * time.Minute
+	caTurnPoll        = 5 * time.Second
 )
 
 // caWorker moves a joined Host to what its tenant's CA rotation asks. It
@@ -208,9 +212,14 @@ func (r *HostReconciler) caTrustStep(ctx context.Context, h *apiary.Host, step *
 	if err != nil {
 		return r.failCA(ctx, h, step, err.Error())
 	}
+	// Checked on a retry too: the restart may be what failed.
+	away, err := kubeletAnswers(ctx, ta.cs, h.Status.NodeName, kubeletAnswerWait)
+	if err != nil {
+		return r.failCA(ctx, h, step, err.Error())
+	}
 	msg := fmt.Sprintf("trusts CA bundle %s (%s)", rot.Trust, hosts.KubeletCAFile)
 	if restarted {
-		msg += "; kubelet restarted with it in its kubeconfig"
+		msg += fmt.Sprintf("; kubelet restarted with it in its kubeconfig, answering through the API server %s later", away.Round(100*time.Millisecond))
 	}
 	r.succeedStep(step, msg)
 	held := heldOrNone(h)
@@ -312,15 +321,58 @@ func (r *HostReconciler) caKubeletStep(ctx context.Context, h *apiary.Host, step
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	servingAfter := time.Since(began)
+	if _, err := kubeletAnswers(ctx, ta.cs, st.NodeName, kubeletAnswerWait); err != nil {
+		return r.failCA(ctx, h, step, err.Error())
+	}
 	if err := r.deleteJoinToken(ctx, h, ta); err != nil {
 		return r.failCA(ctx, h, step, err.Error())
 	}
-	r.succeedStep(step, fmt.Sprintf("kubelet client and serving certificates of CA %s, through CSRs (client certificate after %s, serving certificate after %s)",
-		rot.KubeletIssuer, clientAfter.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond)))
+	r.succeedStep(step, fmt.Sprintf("kubelet client and serving certificates of CA %s, through CSRs (client certificate after %s, serving certificate after %s, answering through the API server after %s)",
+		rot.KubeletIssuer, clientAfter.Round(100*time.Millisecond), servingAfter.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond)))
 	held := heldOrNone(h)
 	held.KubeletIssuer = rot.KubeletIssuer
 	st.CA = held
 	return ctrl.Result{}
+}
+
+// kubeletAnswers waits until the Node's kubelet answers /healthz through
+// the tenant's API server (nodes/proxy: API server, konnectivity, kubelet,
+// the path of kubectl logs and exec, the API server verifying the
+// kubelet's serving certificate against the tenant's bundle). A step that
+// restarts the kubelet ends only then: one Host at a time then means one
+// kubelet away at a time, and the journal says how long each was away.
+// It returns how long it waited.
+func kubeletAnswers(ctx context.Context, cs kubernetes.Interface, node string, wait time.Duration) (time.Duration, error) {
+	began := time.Now()
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		body, err := cs.CoreV1().RESTClient().Get().Resource("nodes").Name(node).SubResource("proxy").Suffix("healthz").DoRaw(callCtx)
+		cancel()
+		if err == nil && strings.TrimSpace(string(body)) == "ok" {
+			return time.Since(began), nil
+		}
+		if err == nil {
+			err = fmt.Errorf("it answered %q", firstLineOf(string(body), 200))
+		}
+		if time.Since(began) > wait {
+			return 0, fmt.Errorf("the kubelet of Node %s does not answer /healthz through the tenant's API server after %s: %s", node, wait, firstLineOf(err.Error(), 300))
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// firstLineOf is s's first line, cut to at most n bytes.
+func firstLineOf(s string, n int) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
 }
 
 // tenantChangesCA passes a tenant change that asks its Hosts to hold

@@ -1,7 +1,10 @@
 package controllers
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -109,5 +114,36 @@ func TestCAWorker(t *testing.T) {
 	fp := pki.Fingerprint(ca.CertPEM())
 	if busy || h.Status.CA == nil || h.Status.CA.Trust != fp || h.Status.CA.KubeletIssuer != fp {
 		t.Errorf("a Host joined before status.ca: busy %v, %+v, want both %s", busy, h.Status.CA, fp)
+	}
+}
+
+// TestKubeletAnswers: the wait ends when the kubelet's /healthz, read
+// through the API server's nodes/proxy, says ok, and fails naming the
+// Node and the API server's last answer when it never does.
+func TestKubeletAnswers(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/nodes/w-1/proxy/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		if calls.Add(1) < 3 {
+			http.Error(w, `dial tcp 10.0.0.1:10250: connect: connection refused`, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited, err := kubeletAnswers(t.Context(), cs, "w-1", 10*time.Second)
+	if err != nil || calls.Load() != 3 || waited < time.Second {
+		t.Errorf("kubeletAnswers = %s, %v after %d calls; want it to answer at the third call, a second later", waited, err, calls.Load())
+	}
+	_, err = kubeletAnswers(t.Context(), cs, "w-2", time.Second)
+	if err == nil || !strings.Contains(err.Error(), "Node w-2") || !strings.Contains(err.Error(), "could not find") {
+		t.Errorf("kubeletAnswers for a Node that never answers: %v, want an error naming it and the last answer", err)
 	}
 }
