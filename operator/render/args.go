@@ -199,8 +199,15 @@ func apiServerDefaults(in Inputs) map[string]string {
 		"secure-port":                        port,
 		// On SIGTERM keep serving while /readyz fails, so that the Service
 		// stops sending new connections before the listener closes (a
-		// scale-down or a rolling update then loses no request).
-		"shutdown-delay-duration":          "5s",
+		// scale-down or a rolling update then loses no request). 10 s:
+		// every kube-proxy must have taken the pod out of its rules by
+		// then, and on a busy node that took more than 5 s once (a CI
+		// run: 1 of 1151 requests in certificate rolls failed with "no
+		// route to host", sent to a pod already gone). The pod's life
+		// is not longer for it: its open watches hold it until the 30 s
+		// grace period anyway. A host, which leaves the Service before it
+		// stops, keeps 5 s (below).
+		"shutdown-delay-duration":          "10s",
 		"service-account-issuer":           "https://kubernetes.default.svc." + s.Network.ClusterDomain,
 		"service-account-key-file":         pathSAPub,
 		"service-account-signing-key-file": pathSAKey,
@@ -222,6 +229,7 @@ func apiServerDefaults(in Inputs) map[string]string {
 		// Deployment: nothing there waits for the old pod's exit, and
 		// hosted tenants keep the behaviour their e2e runs measured.
 		defaults["shutdown-watch-termination-grace-period"] = "5s"
+		defaults["shutdown-delay-duration"] = "5s"
 	}
 	if StaticAdmissionSupported(in.Version) {
 		// The datastore quota's policy (admission.go). 1.36 has the gate

@@ -93,9 +93,11 @@ func TestStaticPodsRunWhatTheDeploymentRuns(t *testing.T) {
 		got := p.Spec.Containers[0]
 		wantArgs := want.Args
 		if got.Name == containerAPIServer {
-			// The one difference: on a host it closes its watches soon
-			// after its shutdown delay.
-			wantArgs = append(slices.Clone(wantArgs), "--shutdown-watch-termination-grace-period=5s")
+			// The differences: on a host, which leaves the Service
+			// before it stops, a shorter shutdown delay, and its watches
+			// closed soon after it.
+			wantArgs = slices.DeleteFunc(slices.Clone(wantArgs), func(a string) bool { return strings.HasPrefix(a, "--shutdown-delay-duration=") })
+			wantArgs = append(wantArgs, "--shutdown-delay-duration=5s", "--shutdown-watch-termination-grace-period=5s")
 			slices.Sort(wantArgs)
 		}
 		if got.Image != *want.Image || !slices.Equal(got.Command, want.Command) || !slices.Equal(got.Args, wantArgs) {
