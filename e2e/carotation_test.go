@@ -353,9 +353,6 @@ func (f *kubeconfigFollower) run(ctx context.Context) {
 	}
 }
 
-// kubeletProbe runs kubectl logs and exec on each pod, a loop per pod and
-// verb, and keeps per Node the longest time without a success, the failures and
-// the slowest call (a call is cut after kubeletCallTimeout).
 // caStepWatch records every CA step its Hosts finish during a rotation
 // (a Host's journal keeps only the last of each name, and ca-trust runs
 // twice): how long each Node's kubelet was away at most, since a step
@@ -407,6 +404,9 @@ func (w *caStepWatch) longestPerNode() map[string]time.Duration {
 	return out
 }
 
+// kubeletProbe runs kubectl logs and exec on each pod, a loop per pod and
+// verb, and keeps per Node the longest time without a success, the failures and
+// the slowest call (a call is cut after kubeletCallTimeout).
 type kubeletProbe struct {
 	mu       sync.Mutex
 	ok       int

@@ -11,6 +11,7 @@ package testoidc
 import (
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"html/template"
@@ -138,6 +139,12 @@ var loginPage = template.Must(template.New("login").Parse(`<!doctype html>
 </form>
 </main></body></html>
 `))
+
+// constantTimeEqual compares secrets (passwords, client secrets) without
+// telling by its timing how much of them matched.
+func constantTimeEqual(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
 
 // login shows the form (GET) and checks it (POST); a user who signs in
 // goes on to the authorization callback, which issues the code.

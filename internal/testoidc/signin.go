@@ -2,7 +2,6 @@ package testoidc
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,10 +12,6 @@ import (
 
 	"golang.org/x/oauth2"
 )
-
-func constantTimeEqual(a, b string) bool {
-	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
-}
 
 // SignIn is what a user's browser does with a provider, for tests that
 // need a user's ID token without one: the authorization-code flow with

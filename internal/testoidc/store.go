@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"slices"
@@ -187,7 +186,7 @@ func (s *store) GetClientByClientID(_ context.Context, id string) (op.Client, er
 
 func (s *store) AuthorizeClientIDSecret(_ context.Context, id, secret string) error {
 	c, ok := s.clients[id]
-	if !ok || c.cfg.Secret == "" || subtle.ConstantTimeCompare([]byte(c.cfg.Secret), []byte(secret)) != 1 {
+	if !ok || c.cfg.Secret == "" || !constantTimeEqual(c.cfg.Secret, secret) {
 		return errors.New("invalid client credentials")
 	}
 	return nil

@@ -370,7 +370,7 @@ func kubeletAnswers(ctx context.Context, cs kubernetes.Interface, node string, w
 func firstLineOf(s string, n int) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	if len(s) > n {
-		s = s[:n] + "…"
+		s = strings.ToValidUTF8(s[:n], "") + "…"
 	}
 	return s
 }
