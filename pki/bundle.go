@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
+	"fmt"
 
 	certutil "k8s.io/client-go/util/cert"
 )
@@ -39,4 +41,35 @@ func Fingerprint(pemData []byte) string {
 		h.Write(c.Raw)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// CertificatesOnly re-encodes the certificates of PEM data that must hold
+// nothing else (a trust bundle a user names): a block of another type (a
+// private key) or bytes that are not PEM make it an error that says what
+// was found without quoting it, so that a key named by mistake is neither
+// copied nor echoed into a message.
+func CertificatesOnly(data []byte) ([]byte, error) {
+	var certs []*x509.Certificate
+	rest := bytes.TrimSpace(data)
+	for len(rest) > 0 {
+		// pem.Decode skips text before a block: a bundle must not hide
+		// anything there.
+		block, next := pem.Decode(rest)
+		if block == nil || !bytes.HasPrefix(rest, []byte("-----BEGIN ")) {
+			return nil, fmt.Errorf("holds %d bytes that are not PEM after %d certificates", len(rest), len(certs))
+		}
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("holds a PEM block of type %q: only CERTIFICATE blocks are accepted", block.Type)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d does not parse: %w", len(certs)+1, err)
+		}
+		certs = append(certs, c)
+		rest = bytes.TrimSpace(next)
+	}
+	if len(certs) == 0 {
+		return nil, fmt.Errorf("holds no certificate")
+	}
+	return Bundle(certs...), nil
 }

@@ -17,8 +17,10 @@ import (
 
 // reconcileDeployment applies the control-plane Deployment and the
 // non-secret files it mounts (the egress configuration; the admission
-// configuration with the quota policy), and observes its replicas.
-func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ds *apiary.DataStore, dsCfg datastore.Config, ep render.Endpoint) (quotaState, bool, error) {
+// configuration with the quota policy; the authentication configuration
+// is applied before, by reconcileAuthentication), and observes its
+// replicas.
+func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, tcp *apiary.TenantControlPlane, cr *credentials, ds *apiary.DataStore, dsCfg datastore.Config, ep render.Endpoint, authn string) (quotaState, bool, error) {
 	if err := r.konnectivityConfigMap(ctx, tcp); err != nil {
 		return quotaState{}, false, err
 	}
@@ -35,6 +37,7 @@ func (r *TenantControlPlaneReconciler) reconcileDeployment(ctx context.Context, 
 		Secrets:         cr.data,
 		ImageRepository: r.ImageRepository,
 		HostsOnly:       hostsOnly(&tcp.Status),
+		Authentication:  authn,
 	})
 	if err := r.Client.Apply(ctx, dep, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return quota, false, fmt.Errorf("applying Deployment: %w", err)

@@ -108,6 +108,8 @@ type modeInputs struct {
 	ds       *apiary.DataStore
 	ep       render.Endpoint
 	exceeded *render.QuotaExceeded
+	// authn is the AuthenticationConfiguration file (render.Inputs).
+	authn string
 }
 
 // hostsOnly: the hosted pods are not wanted (the Deployment at 0

@@ -369,6 +369,7 @@ func (r *TenantControlPlaneReconciler) hostInputs(tcp *apiary.TenantControlPlane
 		EtcdPrefix:      tcp.Status.DataStore.Prefix,
 		Secrets:         in.cr.data,
 		ImageRepository: r.ImageRepository,
+		Authentication:  in.authn,
 	}
 }
 

@@ -317,16 +317,21 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	}
 	r.credentialsIssued(tcp, cr)
 
-	// 5. Deployment, and the non-secret files it mounts: the egress
-	// configuration, and the admission configuration with the quota policy.
-	quota, depRolled, err := r.reconcileDeployment(ctx, tcp, cr, ds, dsCfg, ep)
+	// 5. Deployment, and the non-secret files it mounts: the token issuers'
+	// authentication configuration, the egress configuration, and the
+	// admission configuration with the quota policy.
+	authn, authnNext, err := r.reconcileAuthentication(ctx, tcp)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	quota, depRolled, err := r.reconcileDeployment(ctx, tcp, cr, ds, dsCfg, ep, authn)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 
 	// 6. The mode: the control plane on the tenant's control-plane Hosts
 	// (registered) or not, and the switch between them.
-	modeNext, err := r.reconcileMode(ctx, tcp, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded})
+	modeNext, err := r.reconcileMode(ctx, tcp, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded, authn: authn})
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -344,7 +349,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 	api := r.probeTenantAPI(ctx, tcp, cr.trust, ep)
 
 	// 8. What kubeadm join and the nodes need inside the tenant.
-	caObs := r.observeCA(ctx, tcp, cr, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded}, depRolled, api)
+	caObs := r.observeCA(ctx, tcp, cr, modeInputs{cr: cr, ca: ca, ds: ds, ep: ep, exceeded: quota.exceeded, authn: authn}, depRolled, api)
 	bootstrapErr := r.reconcileBootstrap(ctx, tcp, cr, ep, api, quota.exceeded != nil, rootCAInput(tcp))
 
 	// A CA rotation moves on once everything caught up with its phase.
@@ -355,7 +360,7 @@ func (r *TenantControlPlaneReconciler) reconcile(ctx context.Context, tcp *apiar
 
 	// 9. Ready: a summary of the above.
 	result := r.summarizeReady(tcp, ep, api, bootstrapErr)
-	for _, next := range []time.Duration{modeNext, versionNext, caNext} {
+	for _, next := range []time.Duration{modeNext, versionNext, caNext, authnNext} {
 		if next > 0 && (result.RequeueAfter == 0 || next < result.RequeueAfter) {
 			result.RequeueAfter = next
 		}

@@ -75,6 +75,10 @@ type Inputs struct {
 	// OnHost: the render is a control-plane host's static Pods (StaticPods
 	// sets it), not the Deployment.
 	OnHost bool
+	// Authentication is the tenant's AuthenticationConfiguration file
+	// (AuthenticationFile, with the certificates its references held when
+	// read); empty without spec.authentication.
+	Authentication string
 }
 
 // AdvertiseAddress is the IP kube-apiserver publishes in the tenant's
@@ -93,6 +97,11 @@ func (in Inputs) ConfigHash() string {
 	mounted := map[string]map[string][]byte{}
 	for _, kind := range MountedSecrets {
 		mounted[string(kind)] = in.Secrets[kind]
+	}
+	// Only when set, so that tenants without it keep their hash (and do
+	// not roll when the operator is upgraded).
+	if in.Authentication != "" {
+		mounted[AuthenticationConfigMapName(in.TCP)] = map[string][]byte{KeyAuthenticationConfig: []byte(in.Authentication)}
 	}
 	return ConfigHash(mounted)
 }
@@ -208,12 +217,15 @@ func apiServerDefaults(in Inputs) map[string]string {
 		// grace period anyway. A host, which leaves the Service before it
 		// stops, keeps 5 s (below).
 		"shutdown-delay-duration":          "10s",
-		"service-account-issuer":           "https://kubernetes.default.svc." + s.Network.ClusterDomain,
+		"service-account-issuer":           defaultServiceAccountIssuer(in.TCP),
 		"service-account-key-file":         pathSAPub,
 		"service-account-signing-key-file": pathSAKey,
 		"service-cluster-ip-range":         s.Network.ServiceCIDR,
 		"tls-cert-file":                    pathAPIServerCert,
 		"tls-private-key-file":             pathAPIServerKey,
+	}
+	if in.Authentication != "" {
+		defaults["authentication-config"] = pathAuthenticationConfig
 	}
 	if KonnectivityEnabled(in.TCP) {
 		defaults["egress-selector-config-file"] = kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile

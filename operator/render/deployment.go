@@ -98,6 +98,9 @@ func apiServerFiles(in Inputs) []mountedFile {
 	if StaticAdmissionSupported(in.Version) {
 		files = append(files, mountedFile{configMap: AdmissionConfigMapName(tcp), key: KeyAdmissionConfig, path: pathAdmissionConfig})
 	}
+	if in.Authentication != "" {
+		files = append(files, mountedFile{configMap: AuthenticationConfigMapName(tcp), key: KeyAuthenticationConfig, path: pathAuthenticationConfig})
+	}
 	if KonnectivityEnabled(tcp) {
 		files = append(files, mountedFile{configMap: KonnectivityConfigMapName(tcp), key: KeyEgressSelectorConfig, path: kubernetesDir + "/" + konnectivity.EgressSelectorConfigFile})
 	}

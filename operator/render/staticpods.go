@@ -66,6 +66,9 @@ func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile
 		AdmissionConfigMapName(in.TCP):    cm.Data,
 		KonnectivityConfigMapName(in.TCP): {KeyEgressSelectorConfig: konnectivity.EgressSelectorConfiguration},
 	}
+	if in.Authentication != "" {
+		configMaps[AuthenticationConfigMapName(in.TCP)] = map[string]string{KeyAuthenticationConfig: in.Authentication}
+	}
 	comps := controlPlane(in)
 	for _, f := range hostFiles(comps) {
 		data, err := f.data(in, configMaps)

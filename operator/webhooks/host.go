@@ -6,7 +6,6 @@ import (
 	"net/netip"
 
 	"golang.org/x/crypto/ssh"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -66,37 +65,17 @@ func (w Host) ValidateUpdate(ctx context.Context, old, h *apiary.Host) (admissio
 	return hostWarnings(h), invalidHost(h, errs)
 }
 
-// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
-
-// mayReadKey asks the API server whether the request's user may get the
-// Host's SSH key Secret.
+// mayReadKey refuses a Host whose author may not get its SSH key Secret.
 func (w Host) mayReadKey(ctx context.Context, h *apiary.Host) (field.ErrorList, error) {
 	if w.Client == nil {
 		return nil, nil
 	}
-	req, err := admission.RequestFromContext(ctx)
-	if err != nil {
-		return nil, apierrors.NewInternalError(err)
-	}
-	u := req.UserInfo
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range u.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: u.Username, Groups: u.Groups, UID: u.UID, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: h.Namespace, Verb: "get", Resource: "secrets", Name: h.Spec.SSHKeySecretRef.Name,
-		},
-	}}
-	if err := w.Client.Create(ctx, sar); err != nil {
-		return nil, apierrors.NewInternalError(fmt.Errorf("asking whether %s may read Secret %s/%s: %w", u.Username, h.Namespace, h.Spec.SSHKeySecretRef.Name, err))
-	}
-	if sar.Status.Allowed {
-		return nil, nil
+	ok, user, err := authorMay(ctx, w.Client, h.Namespace, "secrets", h.Spec.SSHKeySecretRef.Name)
+	if err != nil || ok {
+		return nil, err
 	}
 	return field.ErrorList{field.Forbidden(field.NewPath("spec", "sshKeySecretRef", "name"),
-		fmt.Sprintf("%s may not get Secret %s/%s: a Host may only use an SSH key its author may read", u.Username, h.Namespace, h.Spec.SSHKeySecretRef.Name))}, nil
+		fmt.Sprintf("%s may not get Secret %s/%s: a Host may only use an SSH key its author may read", user, h.Namespace, h.Spec.SSHKeySecretRef.Name))}, nil
 }
 
 func (Host) ValidateDelete(context.Context, *apiary.Host) (admission.Warnings, error) {

@@ -49,11 +49,16 @@ type TenantControlPlane struct {
 	Reader client.Reader
 	// Namespaces the operator works in (empty: all).
 	Namespaces []string
+	// Reviews creates SubjectAccessReviews (the author of an issuer's
+	// certificateAuthorityRef must be allowed to read it); nil skips that
+	// check.
+	Reviews client.Client
 }
 
 // Setup registers the webhooks with the manager.
 func (w TenantControlPlane) Setup(mgr ctrl.Manager) error {
 	w.Reader = mgr.GetClient()
+	w.Reviews = mgr.GetClient()
 	return ctrl.NewWebhookManagedBy(mgr, &apiary.TenantControlPlane{}).
 		WithDefaulter(w).
 		WithValidator(w).
@@ -84,7 +89,52 @@ func (w TenantControlPlane) ValidateCreate(ctx context.Context, tcp *apiary.Tena
 	if err != nil {
 		return nil, err
 	}
-	return warnings(tcp), invalid(tcp, append(errs, dsErrs...))
+	errs = append(errs, dsErrs...)
+	if len(errs) == 0 {
+		refErrs, err := w.mayReadCARefs(ctx, nil, tcp)
+		if err != nil {
+			return nil, err
+		}
+		errs = append(errs, refErrs...)
+	}
+	return warnings(tcp), invalid(tcp, errs)
+}
+
+// mayReadCARefs refuses a certificateAuthorityRef its author may not get
+// (the operator would copy what it names into the tenant's API server
+// configuration): on create, and on update for references that changed.
+func (w TenantControlPlane) mayReadCARefs(ctx context.Context, old, tcp *apiary.TenantControlPlane) (field.ErrorList, error) {
+	if w.Reviews == nil || !render.AuthenticationEnabled(tcp) {
+		return nil, nil
+	}
+	before := map[apiary.CertificateAuthorityReference]bool{}
+	if old != nil && old.Spec.Authentication != nil {
+		for _, a := range old.Spec.Authentication.JWT {
+			if a.CertificateAuthorityRef != nil {
+				before[*a.CertificateAuthorityRef] = true
+			}
+		}
+	}
+	var errs field.ErrorList
+	for i, a := range tcp.Spec.Authentication.JWT {
+		ref := a.CertificateAuthorityRef
+		if ref == nil || before[*ref] {
+			continue
+		}
+		resource := "configmaps"
+		if ref.Kind == "Secret" {
+			resource = "secrets"
+		}
+		ok, user, err := authorMay(ctx, w.Reviews, tcp.Namespace, resource, ref.Name)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			errs = append(errs, field.Forbidden(field.NewPath("spec", "authentication", "jwt").Index(i).Child("certificateAuthorityRef"),
+				fmt.Sprintf("%s may not get %s %s/%s: an issuer may only name certificates its author may read", user, ref.Kind, tcp.Namespace, ref.Name)))
+		}
+	}
+	return errs, nil
 }
 
 // dataStoreAdmits refuses a spec.dataStore whose namespaceSelector does not
@@ -144,6 +194,13 @@ func (w TenantControlPlane) ValidateUpdate(ctx context.Context, old, tcp *apiary
 		}
 		errs = append(errs, dsErrs...)
 	}
+	if len(errs) == 0 {
+		refErrs, err := w.mayReadCARefs(ctx, old, tcp)
+		if err != nil {
+			return nil, err
+		}
+		errs = append(errs, refErrs...)
+	}
 	return warnings(tcp), invalid(tcp, errs)
 }
 
@@ -190,6 +247,7 @@ func Validate(tcp *apiary.TenantControlPlane) field.ErrorList {
 	for _, c := range render.Components {
 		errs = append(errs, validateExtraArgs(spec.Child(string(c), "extraArgs"), c, render.ExtraArgs(c, &s))...)
 	}
+	errs = append(errs, ValidateAuthentication(tcp)...)
 	return errs
 }
 

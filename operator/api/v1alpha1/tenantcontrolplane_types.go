@@ -148,6 +148,10 @@ type TenantControlPlaneSpec struct {
 	// they are renewed.
 	// +optional
 	Certificates CertificatesSpec `json:"certificates,omitempty"`
+	// Authentication adds token issuers (OpenID Connect) the tenant API
+	// accepts; see docs/authentication.md.
+	// +optional
+	Authentication *AuthenticationSpec `json:"authentication,omitempty"`
 }
 
 // CertificatesSpec sets the lifetime of the tenant's leaf certificates
