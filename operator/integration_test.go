@@ -130,6 +130,7 @@ func TestOperator(t *testing.T) {
 	t.Run("ReadyTenantServesFromRestrictedEtcdUserAndIsQuiet", s.testReadyTenant)
 	t.Run("QuotaRefusesWritesInTheTenant", s.testQuota)
 	t.Run("AdmissionChecksTheAuthor", s.testAdmissionChecksTheAuthor)
+	t.Run("AuthenticationReachesTheAPIServer", s.testAuthentication)
 	t.Run("TenantsAreIsolated", s.testIsolation)
 	t.Run("DeleteRemovesEverything", s.testDelete)
 	t.Run("ForeignSecretIsNotAdopted", s.testForeignSecret)
