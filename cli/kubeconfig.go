@@ -38,6 +38,8 @@ type KubeconfigResult struct {
 	// NotReady is set when the tenant is not Ready and AllowNotReady let the
 	// kubeconfig through anyway.
 	NotReady *NotReadyError
+	// TenantControlPlane is the tenant, as read.
+	TenantControlPlane *apiaryv1alpha1.TenantControlPlane
 }
 
 // NotFoundError says that a TenantControlPlane does not exist.
@@ -168,12 +170,14 @@ func FetchKubeconfig(ctx context.Context, c client.Reader, req KubeconfigRequest
 		return nil, fmt.Errorf("secret %s/%s (admin kubeconfig of tenantcontrolplane %s/%s) %s %q (%s)",
 			req.Namespace, name, req.Namespace, req.Name, what, key, has)
 	}
-	return &KubeconfigResult{Kubeconfig: data, Secret: name, Key: key, NotReady: notReady}, nil
+	return &KubeconfigResult{Kubeconfig: data, Secret: name, Key: key, NotReady: notReady, TenantControlPlane: tcp}, nil
 }
 
 // NewKubeconfigCommand returns "apiary kubeconfig NAME".
 func NewKubeconfigCommand(flags *ConfigFlags) *cobra.Command {
 	req := KubeconfigRequest{}
+	var withOIDC bool
+	oidcOpts := OIDCKubeconfigOptions{}
 	cmd := &cobra.Command{
 		Use:   "kubeconfig NAME",
 		Short: "Print the admin kubeconfig of a tenant control plane",
@@ -191,7 +195,16 @@ for clients that run inside the management cluster.
 
 The command fails, explaining why, while the tenant is not Ready. Pass
 --allow-not-ready to print the kubeconfig anyway when its Secret exists (a
-warning goes to stderr).`,
+warning goes to stderr).
+
+--oidc prints a kubeconfig for the tenant's users instead: the same
+endpoint and CA, no admin credential, and a user that signs in to an
+OpenID provider the tenant accepts (spec.authentication) through
+"apiary oidc-login", an exec credential plugin (the apiary binary must be on
+the user's PATH). It holds no secret: a platform admin may hand it to every
+user. The issuer and client ID default to the tenant's only issuer and its
+first audience; the provider must allow the redirect URI
+http://127.0.0.1:8000/callback (--oidc-listen) for that client.`,
 		Example: `  # Write the admin kubeconfig of tenant "dev" in namespace "team-a" to a file and use it
   apiary kubeconfig dev -n team-a > dev.kubeconfig
   kubectl --kubeconfig dev.kubeconfig get nodes
@@ -200,7 +213,11 @@ warning goes to stderr).`,
   apiary kubeconfig dev -n team-a --internal
 
   # Get it while the tenant is still provisioning
-  apiary kubeconfig dev -n team-a --allow-not-ready`,
+  apiary kubeconfig dev -n team-a --allow-not-ready
+
+  # A kubeconfig for the tenant's users, who sign in with its OpenID provider
+  apiary kubeconfig dev -n team-a --oidc > dev-users.kubeconfig
+  kubectl --kubeconfig dev-users.kubeconfig auth whoami`,
 		Args:              exactlyOneName,
 		ValidArgsFunction: completeTenantNames(flags),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -216,7 +233,13 @@ warning goes to stderr).`,
 			if res.NotReady != nil {
 				fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s; printing its kubeconfig anyway (--allow-not-ready)\n", res.NotReady.Summary())
 			}
-			_, err = cmd.OutOrStdout().Write(res.Kubeconfig)
+			out := res.Kubeconfig
+			if withOIDC {
+				if out, err = OIDCKubeconfig(res.Kubeconfig, res.TenantControlPlane, oidcOpts); err != nil {
+					return err
+				}
+			}
+			_, err = cmd.OutOrStdout().Write(out)
 			return err
 		},
 	}
@@ -224,6 +247,13 @@ warning goes to stderr).`,
 		`print the kubeconfig that addresses the tenant through its cluster-internal Service DNS name (key "kubeconfig-internal")`)
 	cmd.Flags().BoolVar(&req.AllowNotReady, "allow-not-ready", false,
 		"print the kubeconfig even if the tenant is not Ready, as long as its Secret exists")
+	cmd.Flags().BoolVar(&withOIDC, "oidc", false,
+		"print a kubeconfig for the tenant's users: no admin credential, an OpenID sign-in through \"apiary oidc-login\"")
+	cmd.Flags().StringVar(&oidcOpts.Issuer, "oidc-issuer", "", "with --oidc: the issuer URL (default: the tenant's only spec.authentication issuer)")
+	cmd.Flags().StringVar(&oidcOpts.ClientID, "oidc-client-id", "", "with --oidc: the client ID (default: the issuer's first audience)")
+	cmd.Flags().StringVar(&oidcOpts.Listen, "oidc-listen", DefaultOIDCListen, "with --oidc: the loopback address the provider redirects to")
+	cmd.Flags().StringVar(&oidcOpts.CAFile, "oidc-ca-file", "", "with --oidc: a path, on the user's machine, of PEM certificates that verify the provider's TLS")
+	cmd.Flags().StringVar(&oidcOpts.Command, "oidc-command", "apiary", "with --oidc: the apiary binary the kubeconfig runs")
 	return cmd
 }
 

@@ -28,10 +28,31 @@ func SignIn(ctx context.Context, hc *http.Client, issuer string, c Client, usern
 		Scopes:   append([]string{"openid"}, scopes...),
 	}
 	verifier, state := oauth2.GenerateVerifier(), oauth2.GenerateVerifier()
-	jar := &stopAtRedirect{hc: hc, stopAt: c.RedirectURIs[0]}
+	back, err := Browse(ctx, hc, cfg.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), c.RedirectURIs[0], username, password)
+	if err != nil {
+		return nil, err
+	}
+	if e := back.Query().Get("error"); e != "" {
+		return nil, fmt.Errorf("the provider refused: %s: %s", e, back.Query().Get("error_description"))
+	}
+	if back.Query().Get("state") != state {
+		return nil, errors.New("the provider returned another state")
+	}
+	tok, err := cfg.Exchange(context.WithValue(ctx, oauth2.HTTPClient, hc), back.Query().Get("code"), oauth2.VerifierOption(verifier))
+	if err != nil {
+		return nil, fmt.Errorf("exchanging the code: %w", err)
+	}
+	return tok, nil
+}
 
+// Browse is what a user does in a browser with an authorization URL of
+// the provider: the login form filled in, redirects followed up to the
+// redirect URI, which is returned without being fetched (a client on
+// loopback expects the caller to GET it, as a browser would).
+func Browse(ctx context.Context, hc *http.Client, authURL, redirectURI, username, password string) (*url.URL, error) {
+	jar := &stopAtRedirect{hc: hc, stopAt: redirectURI}
 	// The authorization request lands on the login form.
-	resp, err := jar.get(ctx, cfg.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)))
+	resp, err := jar.get(ctx, authURL)
 	if err != nil {
 		return nil, err
 	}
@@ -53,20 +74,10 @@ func SignIn(ctx context.Context, hc *http.Client, issuer string, c Client, usern
 	}
 	_ = resp.Body.Close()
 	back := resp.Request.URL
-	if !strings.HasPrefix(back.String(), c.RedirectURIs[0]) {
+	if !strings.HasPrefix(back.String(), redirectURI) {
 		return nil, fmt.Errorf("signing in as %s ended at %s (%s), not at the redirect URI", username, back.Redacted(), resp.Status)
 	}
-	if e := back.Query().Get("error"); e != "" {
-		return nil, fmt.Errorf("the provider refused: %s: %s", e, back.Query().Get("error_description"))
-	}
-	if back.Query().Get("state") != state {
-		return nil, errors.New("the provider returned another state")
-	}
-	tok, err := cfg.Exchange(context.WithValue(ctx, oauth2.HTTPClient, hc), back.Query().Get("code"), oauth2.VerifierOption(verifier))
-	if err != nil {
-		return nil, fmt.Errorf("exchanging the code: %w", err)
-	}
-	return tok, nil
+	return back, nil
 }
 
 // IDToken is the ID token of a token response.
