@@ -60,6 +60,7 @@ func TestE2E(t *testing.T) {
 	t.Run("ScaleKeepsAPIAvailable", e.testScale)
 	t.Run("ControlPlanePodDeleted", e.testPodDeletion)
 	t.Run("CertificatesRenewOnTime", e.testCertRenewal)
+	t.Run("TenantAcceptsOIDCTokens", e.testTenantOIDC)
 	t.Run("UpgradeToMissingImagesStopsAndCancels", e.testUpgradeToMissingImages)
 	t.Run("WebhookRejectsBadSpecs", e.testWebhook)
 	t.Run("WebhookRefusesBoundaryFlags", e.testProtectedArgs)
