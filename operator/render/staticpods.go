@@ -93,7 +93,8 @@ func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile
 }
 
 // StaticPodPaths are the paths StaticPods writes, without their contents
-// (no credential needed): what taking a control plane off a host removes.
+// (no credential needed), and the authentication file: what taking a
+// control plane off a host removes.
 func StaticPodPaths(in Inputs) (files, manifests []string) {
 	comps := controlPlane(in)
 	for _, f := range hostFiles(comps) {
@@ -101,6 +102,12 @@ func StaticPodPaths(in Inputs) (files, manifests []string) {
 	}
 	if StaticAdmissionSupported(in.Version) {
 		files = append(files, quotaPolicyPath)
+	}
+	// The authentication file whether or not the spec names issuers now:
+	// a host may keep it from an earlier spec, and its content is not
+	// needed to remove it.
+	if !slices.Contains(files, pathAuthenticationConfig) {
+		files = append(files, pathAuthenticationConfig)
 	}
 	for _, c := range comps {
 		manifests = append(manifests, StaticPodManifest(c.name))

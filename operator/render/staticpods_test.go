@@ -257,6 +257,8 @@ func TestStaticPodPaths(t *testing.T) {
 		for _, m := range manifests {
 			wantManifests = append(wantManifests, m.Path)
 		}
+		// Removal also takes the authentication file a host may keep.
+		wantFiles = append(wantFiles, pathAuthenticationConfig)
 		bare := in
 		bare.Secrets = nil
 		gotFiles, gotManifests := StaticPodPaths(bare)
