@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/apiaryhq/apiary/e2e/framework"
 	"github.com/apiaryhq/apiary/internal/testenv"
@@ -315,8 +316,11 @@ func (e *env) testTenantOIDC(t *testing.T) {
 	if err := e.C.Get(e.Ctx, client.ObjectKey{Namespace: ns, Name: name + "-authentication"}, &authn); err != nil {
 		t.Fatal(err)
 	}
-	if f := authn.Data["authentication-configuration.yaml"]; strings.Contains(f, "PRIVATE KEY") || !strings.Contains(f, strings.TrimSpace(string(ca.CertPEM()))) {
-		t.Errorf("the authentication file after a key was named:\n%s", f)
+	f := authn.Data["authentication-configuration.yaml"]
+	var file apiserverv1.AuthenticationConfiguration
+	if err := yaml.UnmarshalStrict([]byte(f), &file); err != nil || strings.Contains(f, "PRIVATE KEY") ||
+		len(file.JWT) != 1 || file.JWT[0].Issuer.CertificateAuthority != string(ca.CertPEM()) {
+		t.Errorf("the authentication file after a key was named (%v): it must keep the CA read last and nothing else:\n%s", err, f)
 	}
 	if _, err := framework.KubectlErr(alice, "auth", "whoami"); err != nil {
 		t.Errorf("alice after the refused reference: %v", err)
@@ -397,11 +401,13 @@ func (e *env) signInThroughKubectl(t *testing.T, kubeconfig string, hc *http.Cli
 		t.Fatal(err)
 	}
 	var out string
+	// oidc-login's token cache, the user's own.
+	cache := t.TempDir()
 	framework.Eventually(t, "kubectl auth whoami through apiary oidc-login", time.Minute, func() error {
 		ctx, cancel := context.WithTimeout(e.Ctx, 40*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, bin, "--kubeconfig", kubeconfig, "auth", "whoami")
-		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+filepath.Dir(kubeconfig))
+		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
 			return err
