@@ -81,6 +81,7 @@ func (r *TenantControlPlaneReconciler) finalize(ctx context.Context, orig, tcp *
 // resetting its Host removes the manifests (kubeadm reset).
 func (r *TenantControlPlaneReconciler) stopHostsForDeletion(ctx context.Context, tcp *apiary.TenantControlPlane) {
 	files, manifests := render.StaticPodPaths(render.Inputs{TCP: tcp, Version: tcp.Spec.Version})
+	files = render.WithEarlierSpecFiles(files)
 	for i := range tcp.Status.ControlPlaneHosts {
 		h := &tcp.Status.ControlPlaneHosts[i]
 		if h.Step == apiary.HostStepStop && h.Result == resultSucceeded {

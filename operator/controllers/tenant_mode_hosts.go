@@ -298,7 +298,7 @@ func (r *TenantControlPlaneReconciler) continueHost(ctx context.Context, tcp *ap
 	}
 	defer c.Close()
 	if h.Step == apiary.HostStepStop {
-		if err := hosts.RemoveControlPlane(ctx, c, pathsOf(manifests), pathsOf(files), []string{render.KubeletCAPath}, hostRemoveWait); err != nil {
+		if err := hosts.RemoveControlPlane(ctx, c, pathsOf(manifests), render.WithEarlierSpecFiles(pathsOf(files)), []string{render.KubeletCAPath}, hostRemoveWait); err != nil {
 			return fail(err)
 		}
 		h.ConfigHash = ""

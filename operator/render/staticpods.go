@@ -93,8 +93,7 @@ func StaticPods(in Inputs, exceeded *QuotaExceeded) (files, manifests []HostFile
 }
 
 // StaticPodPaths are the paths StaticPods writes, without their contents
-// (no credential needed), and the authentication file: what taking a
-// control plane off a host removes.
+// (no credential needed).
 func StaticPodPaths(in Inputs) (files, manifests []string) {
 	comps := controlPlane(in)
 	for _, f := range hostFiles(comps) {
@@ -103,16 +102,22 @@ func StaticPodPaths(in Inputs) (files, manifests []string) {
 	if StaticAdmissionSupported(in.Version) {
 		files = append(files, quotaPolicyPath)
 	}
-	// The authentication file whether or not the spec names issuers now:
-	// a host may keep it from an earlier spec, and its content is not
-	// needed to remove it.
-	if !slices.Contains(files, pathAuthenticationConfig) {
-		files = append(files, pathAuthenticationConfig)
-	}
 	for _, c := range comps {
 		manifests = append(manifests, StaticPodManifest(c.name))
 	}
 	return files, manifests
+}
+
+// WithEarlierSpecFiles adds to files those a host may keep from an
+// earlier spec of its tenant (the authentication configuration, written
+// only while the spec names issuers): taking a control plane off a host
+// removes them whatever the spec says now.
+func WithEarlierSpecFiles(files []string) []string {
+	out := slices.Clone(files)
+	if !slices.Contains(out, pathAuthenticationConfig) {
+		out = append(out, pathAuthenticationConfig)
+	}
+	return out
 }
 
 // quotaPolicyPath is where a host keeps the datastore quota's admission

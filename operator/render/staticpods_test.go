@@ -257,13 +257,27 @@ func TestStaticPodPaths(t *testing.T) {
 		for _, m := range manifests {
 			wantManifests = append(wantManifests, m.Path)
 		}
-		// Removal also takes the authentication file a host may keep.
-		wantFiles = append(wantFiles, pathAuthenticationConfig)
 		bare := in
 		bare.Secrets = nil
 		gotFiles, gotManifests := StaticPodPaths(bare)
 		if !slices.Equal(gotFiles, wantFiles) || !slices.Equal(gotManifests, wantManifests) {
 			t.Errorf("konnectivity %v: paths %v %v, want %v %v", konn, gotFiles, gotManifests, wantFiles, wantManifests)
 		}
+	}
+}
+
+// Taking a control plane off a host removes the authentication file even
+// when the spec names no issuers now, once.
+func TestWithEarlierSpecFiles(t *testing.T) {
+	files, _ := StaticPodPaths(issuedInputs())
+	if slices.Contains(files, pathAuthenticationConfig) {
+		t.Fatalf("without issuers StaticPodPaths lists %s", pathAuthenticationConfig)
+	}
+	got := WithEarlierSpecFiles(files)
+	if !slices.Contains(got, pathAuthenticationConfig) || len(got) != len(files)+1 {
+		t.Errorf("WithEarlierSpecFiles %v, want %v and %s", got, files, pathAuthenticationConfig)
+	}
+	if again := WithEarlierSpecFiles(got); len(again) != len(got) {
+		t.Errorf("listed twice: %v", again)
 	}
 }
