@@ -151,3 +151,56 @@ func (sess Session) CheckCSRF(r *http.Request) error {
 	}
 	return nil
 }
+
+// FlowCookieName holds a sign-in in progress, from the redirect to the
+// identity provider to its answer.
+const FlowCookieName = "apiary-signin"
+
+// flowLifetime bounds how long a user may take at the provider's form.
+const flowLifetime = 10 * time.Minute
+
+// Flow is what the dashboard must recognise in the provider's answer:
+// the state (this browser started it), the nonce (the ID token was
+// minted for it) and the PKCE verifier (only this browser can exchange
+// the code), and where to go afterwards.
+type Flow struct {
+	State    string    `json:"s"`
+	Nonce    string    `json:"n"`
+	Verifier string    `json:"v"`
+	Return   string    `json:"r,omitempty"`
+	Expires  time.Time `json:"e"`
+}
+
+// WriteFlow sets the sign-in cookie, sealed like a session. SameSite=Lax
+// lets the provider's top-level redirect back carry it.
+func (s *Store) WriteFlow(w http.ResponseWriter, f Flow) error {
+	f.Expires = s.now().Add(flowLifetime).Truncate(time.Second)
+	value, err := s.codec.Encode(FlowCookieName, f)
+	if err != nil {
+		return fmt.Errorf("sign-in cookie: %w", err)
+	}
+	c := s.cookie(value, f.Expires)
+	c.Name = FlowCookieName
+	http.SetCookie(w, c)
+	return nil
+}
+
+// TakeFlow returns the sign-in in progress and clears its cookie: an
+// answer of the provider is used once.
+func (s *Store) TakeFlow(w http.ResponseWriter, r *http.Request) (Flow, error) {
+	gone := s.cookie("", time.Unix(0, 0))
+	gone.Name, gone.MaxAge = FlowCookieName, -1
+	http.SetCookie(w, gone)
+	c, err := r.Cookie(FlowCookieName)
+	if err != nil || c.Value == "" {
+		return Flow{}, ErrNoSession
+	}
+	var f Flow
+	if err := s.codec.Decode(FlowCookieName, c.Value, &f); err != nil || f.State == "" {
+		return Flow{}, ErrInvalid
+	}
+	if !s.now().Before(f.Expires) {
+		return Flow{}, ErrExpired
+	}
+	return f, nil
+}
