@@ -45,12 +45,13 @@ func (c *Clients) Config(s session.Session) *rest.Config {
 	return cfg
 }
 
-// For is a client acting as the session's user.
-func (c *Clients) For(s session.Session) (client.Client, error) {
+// For is a client acting as the session's user; its watches are the
+// user's too.
+func (c *Clients) For(s session.Session) (client.WithWatch, error) {
 	if s.User == "" {
 		return nil, fmt.Errorf("no user to act as")
 	}
-	cl, err := client.New(c.Config(s), client.Options{Scheme: c.scheme})
+	cl, err := client.NewWithWatch(c.Config(s), client.Options{Scheme: c.scheme})
 	if err != nil {
 		return nil, fmt.Errorf("client as %s: %w", s.User, err)
 	}
