@@ -28,7 +28,8 @@ var Alice = session.Session{User: "oidc:alice@example.test", Groups: []string{"o
 // Cluster is the shared set-up.
 type Cluster struct {
 	// Admin is a client with every right (system:masters).
-	Admin client.Client
+	Admin       client.Client
+	AdminConfig *rest.Config
 	// Dashboard is the dashboard's own configuration: impersonate only.
 	Dashboard *rest.Config
 	Scheme    *runtime.Scheme
@@ -75,5 +76,5 @@ func Start(t *testing.T) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Cluster{Admin: c, Dashboard: dashboard.Config(), Scheme: scheme}
+	return &Cluster{Admin: c, AdminConfig: admin, Dashboard: dashboard.Config(), Scheme: scheme}
 }
