@@ -100,7 +100,7 @@ func (f *ConfigFlags) NewClient(warnings io.Writer) (client.Client, error) {
 	}
 	// The command line reports errors itself; controller-runtime would
 	// otherwise complain, after 30 s, that no logger was set.
-	quietControllerRuntime.Do(func() { ctrllog.SetLogger(logr.Discard()) })
+	quietControllerRuntime.Do(quietLogs)
 	c, err := client.New(cfg, client.Options{Scheme: Scheme})
 	if err != nil {
 		return nil, fmt.Errorf("cannot create a client for %s: %w", cfg.Host, err)
@@ -109,6 +109,8 @@ func (f *ConfigFlags) NewClient(warnings io.Writer) (client.Client, error) {
 }
 
 var quietControllerRuntime sync.Once
+
+func quietLogs() { ctrllog.SetLogger(logr.Discard()) }
 
 // NamespacedClient resolves the namespace and makes a client, for commands
 // that work in one namespace; API warnings go to warnings.

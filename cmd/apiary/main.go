@@ -93,6 +93,7 @@ context, and -n a namespace (default: the context's namespace, else "default").`
 		cli.NewHostCommand(flags),
 		cli.NewSwitchCommand(flags),
 		cli.NewCertsCommand(flags),
+		cli.NewDashboardCommand(flags),
 		cli.NewOIDCLoginCommand(),
 		cli.NewVersionCommand(version),
 		newOperatorCommand(), // cmd/apiary/operator.go
