@@ -4,15 +4,31 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"io"
+	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apiaryhq/apiary/dashboard/signin"
+	"github.com/apiaryhq/apiary/internal/testoidc"
 	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
+	"github.com/apiaryhq/apiary/pki"
 )
 
 // "apiary dashboard --local" serves the overview and the live stream with
@@ -25,7 +41,7 @@ func TestDashboardLocal(t *testing.T) {
 	kubeconfig := e.writeKubeconfig(t, e.kubeconfig, "")
 
 	for args, want := range map[string]string{
-		"dashboard": "only --local is available",
+		"dashboard": "serving signed-in users needs --client-id, --issuer, --redirect-url, --session-block-key-file, --session-hash-key-file, --tls-cert-file, --tls-key-file",
 		"dashboard --local --listen 0.0.0.0:8080":      "want a loopback address",
 		"dashboard --local --listen dashboard.example": "want a loopback address",
 	} {
@@ -84,4 +100,157 @@ func TestDashboardLocal(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("the dashboard did not stop with its context")
 	}
+}
+
+// "apiary dashboard" for signed-in users: over HTTPS, alice signs in
+// through a real OpenID provider's form and streams the tenants of the
+// namespace her group may read, as herself; another namespace is refused.
+func TestDashboardSignedIn(t *testing.T) {
+	e := environment(t)
+	e.namespace(t, "dash-team")
+	e.namespace(t, "dash-other")
+	e.tenant(t, "dash-team", "ours", apiaryv1alpha1.TenantControlPlaneStatus{Phase: apiaryv1alpha1.PhaseReady, Conditions: readyConditions()})
+	e.tenant(t, "dash-other", "theirs", apiaryv1alpha1.TenantControlPlaneStatus{Phase: apiaryv1alpha1.PhaseReady, Conditions: readyConditions()})
+	for _, o := range []client.Object{
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "read-tenants", Namespace: "dash-team"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{apiaryv1alpha1.GroupVersion.Group}, Resources: []string{"tenantcontrolplanes"}, Verbs: []string{"list", "watch"}}}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "team", Namespace: "dash-team"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "read-tenants"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, Name: "oidc:team-a"}}},
+	} {
+		if err := e.client.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kubeconfig := e.writeKubeconfig(t, e.kubeconfig, "")
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// The dashboard's serving certificate, from a CA of its own.
+	ca, err := pki.NewCA("dashboard-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := ca.Sign(pki.Request{CommonName: "dashboard", IPs: []net.IP{net.ParseIP("127.0.0.1")}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := serving.KeyPEM()
+	certFile, keyFile := write("tls.crt", serving.CertPEM()), write("tls.key", key)
+	port := freePort(t)
+	redirect := "https://127.0.0.1:" + port + signin.CallbackPath
+
+	prov := httptest.NewUnstartedServer(nil)
+	prov.StartTLS()
+	defer prov.Close()
+	p, err := testoidc.New(testoidc.Config{Issuer: prov.URL,
+		Clients: []testoidc.Client{{ID: "dashboard", Secret: "s3cret", RedirectURIs: []string{redirect}}},
+		Users:   []testoidc.User{{Username: "alice", Password: "alice-pw", Email: "alice@example.test", Groups: []string{"team-a"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov.Config.Handler = p
+	provCA := write("idp-ca.crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: prov.Certificate().Raw}))
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	out, w := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"dashboard", "--listen", "127.0.0.1:" + port, "--kubeconfig", kubeconfig,
+			"--tls-cert-file", certFile, "--tls-key-file", keyFile,
+			"--session-hash-key-file", write("hash.key", bytes.Repeat([]byte{7}, 32)),
+			"--session-block-key-file", write("block.key", bytes.Repeat([]byte{9}, 32)),
+			"--issuer", prov.URL, "--issuer-ca-file", provCA, "--client-id", "dashboard",
+			"--client-secret-file", write("secret", []byte("s3cret\n")), "--redirect-url", redirect}, w, io.Discard)
+		_ = w.Close()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.Contains(line, "https://127.0.0.1:"+port+"/") {
+		t.Fatalf("printed %q (%v), want the dashboard's address", line, err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	base := "https://127.0.0.1:" + port
+	resp, err := browser.Get(base + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusFound {
+		t.Fatalf("the overview without a session: %s, want the login page", resp.Status)
+	}
+	resp, err = browser.Get(base + signin.LoginPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	back, err := testoidc.Browse(ctx, prov.Client(), resp.Header.Get("Location"), redirect, "alice", "alice-pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err = browser.Get(back.String()); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusFound {
+		t.Fatalf("the callback: %s", resp.Status)
+	}
+	if resp, err = browser.Get(base + "/"); err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if !strings.Contains(string(page), "signed in as oidc:alice@example.test") {
+		t.Errorf("the overview after sign-in: %s %s", resp.Status, page)
+	}
+	browser.Timeout = 10 * time.Second
+	if resp, err = browser.Get(base + "/api/tenants/stream?namespace=dash-other"); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("alice's stream of dash-other: %s, want 403", resp.Status)
+	}
+	if resp, err = browser.Get(base + "/api/tenants/stream?namespace=dash-team"); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var data string
+	for sc.Scan() && data == "" {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			data = sc.Text()
+		}
+	}
+	_ = resp.Body.Close()
+	if !strings.Contains(data, `"name":"ours"`) {
+		t.Errorf("alice's stream of dash-team: %s %q, want tenant ours", resp.Status, data)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("the dashboard did not stop with its context")
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
 }
