@@ -20,6 +20,10 @@
 // run a real etcd and measure what a tenant's datastore quota costs: the
 // first scan of a tenant, and a write's way to the operator's count.
 //
+// BenchmarkDashboardStream (integration tag) serves the dashboard's live
+// stream as a signed-in user over 100 tenants in a real kube-apiserver and
+// times a status write's way to the stream.
+//
 // `make bench` runs everything. It takes about 5 minutes on 2 cores, mostly
 // BenchmarkOperatorProcessRSS waiting on the operator's client-side rate
 // limit (see docs/benchmarks.md).

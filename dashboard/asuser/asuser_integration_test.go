@@ -9,8 +9,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/apiaryhq/apiary/dashboard/internal/dashtest"
 	"github.com/apiaryhq/apiary/dashboard/session"
+	"github.com/apiaryhq/apiary/internal/dashtest"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 

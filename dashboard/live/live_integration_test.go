@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/dashboard/asuser"
-	"github.com/apiaryhq/apiary/dashboard/internal/dashtest"
+	"github.com/apiaryhq/apiary/internal/dashtest"
 	apiary "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 

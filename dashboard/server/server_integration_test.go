@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apiaryhq/apiary/dashboard/asuser"
-	"github.com/apiaryhq/apiary/dashboard/internal/dashtest"
 	"github.com/apiaryhq/apiary/dashboard/session"
 	"github.com/apiaryhq/apiary/dashboard/signin"
+	"github.com/apiaryhq/apiary/internal/dashtest"
 	"github.com/apiaryhq/apiary/internal/testoidc"
 )
 

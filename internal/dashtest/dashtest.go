@@ -36,7 +36,7 @@ type Cluster struct {
 }
 
 // Start builds the cluster for one test.
-func Start(t *testing.T) *Cluster {
+func Start(t testing.TB) *Cluster {
 	t.Helper()
 	env, admin := testenv.Start(t, testenv.Options{})
 	ctx := t.Context()
