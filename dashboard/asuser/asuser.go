@@ -11,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -30,8 +31,10 @@ func New(base *rest.Config) (*Clients, error) {
 		return nil, fmt.Errorf("the dashboard's configuration already impersonates %q", base.Impersonate.UserName)
 	}
 	scheme := runtime.NewScheme()
-	if err := apiary.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("scheme: %w", err)
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiary.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, fmt.Errorf("scheme: %w", err)
+		}
 	}
 	return &Clients{base: base, scheme: scheme}, nil
 }

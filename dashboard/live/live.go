@@ -78,27 +78,82 @@ type Watcher interface {
 // per existing tenant. A watch the user may not make is answered 403
 // before the stream starts.
 func Stream(w http.ResponseWriter, r *http.Request, c Watcher, namespace string) {
+	wi, err := c.Watch(r.Context(), &apiary.TenantControlPlaneList{}, client.InNamespace(namespace))
+	if err != nil {
+		refuse(w, "watching TenantControlPlanes", err)
+		return
+	}
+	serve(w, r, nil, source{wi, encode})
+}
+
+// refuse answers a watch that could not start: 403 when RBAC said no.
+func refuse(w http.ResponseWriter, what string, err error) {
+	code := http.StatusBadGateway
+	if apierrors.IsForbidden(err) {
+		code = http.StatusForbidden
+	}
+	http.Error(w, fmt.Sprintf("%s: %v", what, err), code)
+}
+
+// source is one watch of a stream and how its events are written.
+type source struct {
+	watch  watch.Interface
+	encode func(watch.Event) (name string, data []byte, last bool)
+}
+
+type message struct {
+	name string
+	data []byte
+	last bool
+}
+
+// serve streams first, then the sources' events, merged, until the
+// client goes or a source's watch ends.
+func serve(w http.ResponseWriter, r *http.Request, first []message, sources ...source) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	for _, s := range sources {
+		defer s.watch.Stop()
+	}
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	ctx := r.Context()
-	wi, err := c.Watch(ctx, &apiary.TenantControlPlaneList{}, client.InNamespace(namespace))
-	if err != nil {
-		code := http.StatusBadGateway
-		if apierrors.IsForbidden(err) {
-			code = http.StatusForbidden
-		}
-		http.Error(w, fmt.Sprintf("watching TenantControlPlanes: %v", err), code)
-		return
+	merged := make(chan message)
+	for _, s := range sources {
+		go func() {
+			for ev := range s.watch.ResultChan() {
+				m := message{}
+				m.name, m.data, m.last = s.encode(ev)
+				if m.name == "" {
+					continue
+				}
+				select {
+				case merged <- m:
+				case <-ctx.Done():
+					return
+				}
+				if m.last {
+					return
+				}
+			}
+			select { // the watch closed: the stream ends, the browser reconnects
+			case merged <- message{last: true}:
+			case <-ctx.Done():
+			}
+		}()
 	}
-	defer wi.Stop()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	for _, m := range first {
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", m.name, m.data); err != nil {
+			return
+		}
+	}
 	flusher.Flush()
 	tick := time.NewTicker(keepAlive)
 	defer tick.Stop()
@@ -111,19 +166,14 @@ func Stream(w http.ResponseWriter, r *http.Request, c Watcher, namespace string)
 				return
 			}
 			flusher.Flush()
-		case ev, open := <-wi.ResultChan():
-			if !open {
-				return
+		case m := <-merged:
+			if m.name != "" {
+				if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", m.name, m.data); err != nil {
+					return
+				}
+				flusher.Flush()
 			}
-			name, data, last := encode(ev)
-			if name == "" {
-				continue
-			}
-			if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", name, data); err != nil {
-				return
-			}
-			flusher.Flush()
-			if last {
+			if m.last {
 				return
 			}
 		}
