@@ -23,6 +23,10 @@ const (
 	LoginPath    = "/login"
 	CallbackPath = "/callback"
 	LogoutPath   = "/logout"
+	// LoggedOutPath is where logout lands: a page of the dashboard's own,
+	// because browsers hold a form's redirects to the page's
+	// form-action CSP, so a redirect on to the provider would be blocked.
+	LoggedOutPath = "/logged-out"
 )
 
 // Config names the provider and how its claims become a user.
@@ -99,6 +103,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.callback(w, r)
 	case LogoutPath:
 		h.logout(w, r)
+	case LoggedOutPath:
+		loggedOut(w)
 	default:
 		http.NotFound(w, r)
 	}
@@ -232,7 +238,17 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.sessions.Clear(w)
-	http.Redirect(w, r, LoginPath, http.StatusSeeOther)
+	http.Redirect(w, r, LoggedOutPath, http.StatusSeeOther)
+}
+
+// loggedOut says the session ended and links to a new sign-in. It holds
+// nothing of any user, so it needs no session.
+func loggedOut(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = fmt.Fprintf(w, `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Signed out · Apiary</title></head>
+<body><main><h1 id="signed-out">You are signed out.</h1><p><a id="sign-in" href="%s">Sign in again</a></p></main></body></html>
+`, LoginPath)
 }
 
 // Require serves next only with a valid session; any other request is

@@ -57,6 +57,7 @@ func newRig(t *testing.T) *rig {
 	mux.Handle(LoginPath, h)
 	mux.Handle(CallbackPath, h)
 	mux.Handle(LogoutPath, h)
+	mux.Handle(LoggedOutPath, h)
 	mux.Handle("/", h.Require(func(w http.ResponseWriter, r *http.Request, s session.Session) {
 		_, _ = fmt.Fprintf(w, "%s %s %v", r.Method, s.User, s.Groups)
 	}))
@@ -140,8 +141,11 @@ func TestSignIn(t *testing.T) {
 	if code, _, _ := r.do(http.MethodPost, LogoutPath, nil); code != http.StatusForbidden {
 		t.Errorf("logout without the CSRF token: %d, want 403", code)
 	}
-	if code, loc, _ := r.do(http.MethodPost, LogoutPath, http.Header{session.CSRFHeader: {sess.CSRF}}); code != http.StatusSeeOther || loc != LoginPath {
-		t.Errorf("logout: %d to %q", code, loc)
+	if code, loc, _ := r.do(http.MethodPost, LogoutPath, http.Header{session.CSRFHeader: {sess.CSRF}}); code != http.StatusSeeOther || loc != LoggedOutPath {
+		t.Errorf("logout: %d to %q, want %s", code, loc, LoggedOutPath)
+	}
+	if code, _, body := r.do(http.MethodGet, LoggedOutPath, nil); code != http.StatusOK || !strings.Contains(body, LoginPath) {
+		t.Errorf("the signed-out page: %d %q, want a link to %s", code, body, LoginPath)
 	}
 	if code, _, _ := r.do(http.MethodGet, "/tenants/a", nil); code != http.StatusFound {
 		t.Errorf("after logout: %d, want the login page", code)
