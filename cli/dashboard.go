@@ -21,6 +21,7 @@ import (
 	"github.com/apiaryhq/apiary/dashboard/server"
 	"github.com/apiaryhq/apiary/dashboard/session"
 	"github.com/apiaryhq/apiary/dashboard/signin"
+	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
 )
 
 // DefaultDashboardListen is where "apiary dashboard --local" serves.
@@ -120,7 +121,7 @@ func localDashboard(cfg *rest.Config, listen string) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create a client for %s: %w", cfg.Host, err)
 	}
-	return server.New(server.Options{Local: c})
+	return server.New(dashboardActions(server.Options{Local: c}))
 }
 
 func signedInDashboard(ctx context.Context, cfg *rest.Config, o DashboardOptions) (http.Handler, error) {
@@ -177,7 +178,32 @@ func signedInDashboard(ctx context.Context, cfg *rest.Config, o DashboardOptions
 	if err != nil {
 		return nil, err
 	}
-	return server.New(server.Options{Clients: clients, SignIn: sign})
+	return server.New(dashboardActions(server.Options{Clients: clients, SignIn: sign}))
+}
+
+// dashboardActions gives the dashboard what `apiary kubeconfig` and
+// `apiary switch --check-only` do, so that the page and the commands
+// explain the same things the same way.
+func dashboardActions(o server.Options) server.Options {
+	o.Kubeconfig = func(ctx context.Context, c client.Reader, namespace, name string) ([]byte, error) {
+		res, err := FetchKubeconfig(ctx, c, KubeconfigRequest{Namespace: namespace, Name: name})
+		if err != nil {
+			return nil, err
+		}
+		return res.Kubeconfig, nil
+	}
+	o.CheckSwitch = func(ctx context.Context, c client.Client, tcp *apiaryv1alpha1.TenantControlPlane, target apiaryv1alpha1.Mode) ([]server.Check, error) {
+		checks, err := checkSwitch(ctx, c, tcp, target)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]server.Check, 0, len(checks))
+		for _, chk := range checks {
+			out = append(out, server.Check{Subject: chk.Subject, What: chk.What, OK: chk.OK, Detail: chk.Detail})
+		}
+		return out, nil
+	}
+	return o
 }
 
 func certPool(file string) (*x509.CertPool, error) {

@@ -5,11 +5,16 @@
 package server
 
 import (
+	"crypto/rand"
 	"embed"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
+	"net"
 	"net/http"
+	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -22,14 +27,19 @@ import (
 //go:embed assets
 var assets embed.FS
 
-var index = template.Must(template.ParseFS(assets, "assets/index.html"))
+var pages = template.Must(template.ParseFS(assets, "assets/*.html"))
 
 // Options choose how the dashboard reaches the API: signed-in users
 // (Clients and SignIn) or, run locally, one user's own client (Local).
+// Kubeconfig and CheckSwitch are the actions that need more than a
+// client (the CLI's own, so the page does what the commands do); without
+// them those actions answer 501.
 type Options struct {
-	Clients *asuser.Clients
-	SignIn  *signin.Handler
-	Local   client.WithWatch
+	Clients     *asuser.Clients
+	SignIn      *signin.Handler
+	Local       client.WithWatch
+	Kubeconfig  KubeconfigFunc
+	CheckSwitch CheckSwitchFunc
 }
 
 // New returns the dashboard's handler.
@@ -50,15 +60,39 @@ func New(opts Options) (http.Handler, error) {
 		}
 		return opts.Clients.For(s)
 	}
-	guard := func(h func(http.ResponseWriter, *http.Request, session.Session)) http.Handler {
-		if local {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, session.Session{}) })
+	var guard func(h func(http.ResponseWriter, *http.Request, session.Session)) http.Handler
+	if local {
+		guard, err = localGuard()
+		if err != nil {
+			return nil, err
 		}
-		return opts.SignIn.Require(h)
+	} else {
+		guard = opts.SignIn.Require
+	}
+	// withClient runs h with the request's client.
+	withClient := func(h func(http.ResponseWriter, *http.Request, client.WithWatch)) http.Handler {
+		return guard(func(w http.ResponseWriter, r *http.Request, s session.Session) {
+			c, err := as(s)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			h(w, r, c)
+		})
+	}
+	page := func(name string) http.Handler {
+		return guard(func(w http.ResponseWriter, r *http.Request, s session.Session) {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Header().Set("Cache-Control", "no-store")
+			_ = pages.ExecuteTemplate(w, name, struct {
+				User, CSRF, Namespace, Name string
+				Local                       bool
+			}{s.User, s.CSRF, r.PathValue("namespace"), r.PathValue("name"), local})
+		})
 	}
 	mux := http.NewServeMux()
 	if !local {
-		for _, p := range []string{signin.LoginPath, signin.CallbackPath, signin.LogoutPath} {
+		for _, p := range []string{signin.LoginPath, signin.CallbackPath, signin.LogoutPath, signin.LoggedOutPath} {
 			mux.Handle(p, opts.SignIn)
 		}
 	}
@@ -66,22 +100,64 @@ func New(opts Options) (http.Handler, error) {
 	// nothing but the login page.
 	files := http.StripPrefix("/assets/", http.FileServerFS(static))
 	mux.Handle("GET /assets/", guard(func(w http.ResponseWriter, r *http.Request, _ session.Session) { files.ServeHTTP(w, r) }))
-	mux.Handle("GET /{$}", guard(func(w http.ResponseWriter, r *http.Request, s session.Session) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		_ = index.Execute(w, struct {
-			User, CSRF string
-			Local      bool
-		}{s.User, s.CSRF, local})
-	}))
-	mux.Handle("GET /api/tenants/stream", guard(func(w http.ResponseWriter, r *http.Request, s session.Session) {
-		c, err := as(s)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
+	mux.Handle("GET /{$}", page("index.html"))
+	mux.Handle("GET /tenants/{namespace}/{name}", page("tenant.html"))
+	mux.Handle("GET /api/tenants/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
 		live.Stream(w, r, c, r.URL.Query().Get("namespace"))
 	}))
+	mux.Handle("GET /api/tenants/{namespace}/{name}/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		key, err := tenantKey(r)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		live.TenantStream(w, r, c, key.Namespace, key.Name)
+	}))
+	mux.Handle("POST /api/tenants/{namespace}/{name}/kubeconfig", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		kubeconfig(w, r, c, opts.Kubeconfig)
+	}))
+	mux.Handle("POST /api/tenants/{namespace}/{name}/scale", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		scale(w, r, c)
+	}))
+	mux.Handle("POST /api/tenants/{namespace}/{name}/mode/check", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		checkSwitch(w, r, c, opts.CheckSwitch)
+	}))
+	mux.Handle("POST /api/tenants/{namespace}/{name}/mode", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		switchMode(w, r, c)
+	}))
 	return headers(mux), nil
+}
+
+// localGuard protects the local dashboard, which acts with the user's
+// kubeconfig and has no sign-in, from the other sites the user's browser
+// visits: a request must name a loopback host (a DNS-rebound name would
+// let another site read the pages), and every action must echo a token
+// the pages carry (other sites cannot read them, so cannot forge one).
+func localGuard() (func(func(http.ResponseWriter, *http.Request, session.Session)) http.Handler, error) {
+	token := make([]byte, 32)
+	if _, err := rand.Read(token); err != nil {
+		return nil, fmt.Errorf("dashboard: CSRF token: %w", err)
+	}
+	s := session.Session{CSRF: base64.RawURLEncoding.EncodeToString(token)}
+	return func(h func(http.ResponseWriter, *http.Request, session.Session)) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			host, _, err := net.SplitHostPort(r.Host)
+			if err != nil {
+				host = r.Host
+			}
+			if ip := net.ParseIP(strings.Trim(host, "[]")); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+				http.Error(w, fmt.Sprintf("host %q: the local dashboard answers only on a loopback address", r.Host), http.StatusMisdirectedRequest)
+				return
+			}
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				if err := s.CheckCSRF(r); err != nil {
+					http.Error(w, err.Error(), http.StatusForbidden)
+					return
+				}
+			}
+			h(w, r, s)
+		})
+	}, nil
 }
 
 // headers set what every answer carries: scripts and styles only from

@@ -1,55 +1,87 @@
 // The overview: one EventSource on the API's stream of tenants (a watch
 // made as the signed-in user); rows change as events arrive, no polling.
+// Tenants needing attention first, a filter, and pages of 25.
 "use strict";
 (function () {
+  const {el, row} = apiary;
+  const pageSize = 25;
   const tenants = new Map();
   const body = document.querySelector("#tenants tbody");
   const status = document.getElementById("status");
   const ns = document.getElementById("namespace");
   const filter = document.getElementById("filter");
-  let source;
+  const counts = document.getElementById("counts");
+  const pageInfo = document.getElementById("page-info");
+  const prev = document.getElementById("prev"), next = document.getElementById("next");
+  let source, page = 0;
 
   function attention(t) {
     const bad = (t.conditions || []).filter(c => c.status !== "True" && c.type !== "Upgrading");
     return bad.map(c => c.type + ": " + (c.reason || "") + (c.message ? " — " + c.message : "")).join("; ");
   }
-  function cell(tr, text) { const td = document.createElement("td"); td.textContent = text; tr.appendChild(td); }
   function render() {
     const f = filter.value.trim().toLowerCase();
-    const rows = [...tenants.values()]
-      .filter(t => !f || t.name.toLowerCase().includes(f) || (t.phase || "").toLowerCase().includes(f))
+    const all = [...tenants.values()];
+    const byPhase = new Map();
+    for (const t of all) byPhase.set(t.phase || "Pending", (byPhase.get(t.phase || "Pending") || 0) + 1);
+    counts.textContent = all.length + " tenants" + (all.length ? ": " + [...byPhase].sort().map(([p, n]) => n + " " + p).join(", ") : "");
+    const rows = all
+      .filter(t => !f || t.name.toLowerCase().includes(f) || t.namespace.toLowerCase().includes(f) || (t.phase || "").toLowerCase().includes(f))
       .sort((a, b) => (attention(b) !== "") - (attention(a) !== "") || (a.namespace + "/" + a.name).localeCompare(b.namespace + "/" + b.name));
-    body.replaceChildren(...rows.map(t => {
-      const tr = document.createElement("tr");
-      tr.tabIndex = 0;
-      tr.dataset.tenant = t.namespace + "/" + t.name;
+    const pages = Math.max(1, Math.ceil(rows.length / pageSize));
+    page = Math.min(page, pages - 1);
+    const shown = rows.slice(page * pageSize, (page + 1) * pageSize);
+    pageInfo.textContent = rows.length ? (page * pageSize + 1) + "–" + (page * pageSize + shown.length) + " of " + rows.length : "none";
+    prev.disabled = page === 0;
+    next.disabled = page >= pages - 1;
+    body.replaceChildren(...shown.map(t => {
+      const link = el("a", t.name, {href: "/tenants/" + encodeURIComponent(t.namespace) + "/" + encodeURIComponent(t.name)});
       const why = attention(t);
+      const tr = row([t.namespace, link, t.phase || "",
+        (t.version || "—") + (t.desiredVersion && t.desiredVersion !== t.version ? " → " + t.desiredVersion : ""),
+        t.mode || "", t.readyReplicas + "/" + t.replicas, why], {"data-tenant": t.namespace + "/" + t.name, tabindex: "0"});
       if (why) tr.className = "attention";
-      cell(tr, t.namespace); cell(tr, t.name); cell(tr, t.phase || "");
-      cell(tr, (t.version || "—") + (t.desiredVersion && t.desiredVersion !== t.version ? " → " + t.desiredVersion : ""));
-      cell(tr, t.mode || ""); cell(tr, t.readyReplicas + "/" + t.replicas); cell(tr, why);
       return tr;
     }));
   }
   function connect() {
     if (source) source.close();
     tenants.clear();
+    page = 0;
     render();
-    source = new EventSource("/api/tenants/stream?namespace=" + encodeURIComponent(ns.value.trim()));
+    const scope = ns.value.trim();
+    history.replaceState(null, "", scope ? "?namespace=" + encodeURIComponent(scope) : "/");
+    const url = "/api/tenants/stream?namespace=" + encodeURIComponent(scope);
+    const mine = source = new EventSource(url);
     source.onopen = () => { status.textContent = "live"; };
-    source.onerror = () => { status.textContent = "reconnecting… (or no right to watch tenants here)"; };
+    source.onerror = () => {
+      if (mine.readyState !== EventSource.CLOSED) { status.textContent = "reconnecting…"; return; }
+      // Refused (the stream answered other than 200): ask once why.
+      status.textContent = "not live";
+      const ctl = new AbortController();
+      fetch(url, {signal: ctl.signal}).then(async resp => {
+        if (resp.ok) { ctl.abort(); status.textContent = "disconnected: reload the page"; return; }
+        const why = (await resp.text()).trim();
+        status.textContent = (scope ? "tenants in namespace " + scope : "tenants in all namespaces") + ": " + why +
+          (resp.status === 403 && !scope ? " — choose a namespace you may read" : "");
+      }).catch(() => {});
+    };
     source.addEventListener("tenant", e => { const t = JSON.parse(e.data); tenants.set(t.namespace + "/" + t.name, t); render(); });
     source.addEventListener("tenant-deleted", e => { const t = JSON.parse(e.data); tenants.delete(t.namespace + "/" + t.name); render(); });
   }
   ns.addEventListener("change", connect);
-  filter.addEventListener("input", render);
+  filter.addEventListener("input", () => { page = 0; render(); });
+  prev.addEventListener("click", () => { page--; render(); });
+  next.addEventListener("click", () => { page++; render(); });
   document.getElementById("scope").addEventListener("submit", e => { e.preventDefault(); connect(); });
-  // Keyboard: arrow keys move between rows.
+  // Keyboard: arrow keys move between rows, Enter opens the tenant.
   body.addEventListener("keydown", e => {
-    const row = e.target.closest("tr");
-    if (!row) return;
-    const to = e.key === "ArrowDown" ? row.nextElementSibling : e.key === "ArrowUp" ? row.previousElementSibling : null;
+    const r = e.target.closest("tr");
+    if (!r) return;
+    if (e.key === "Enter" && e.target === r) { r.querySelector("a").click(); e.preventDefault(); return; }
+    const to = e.key === "ArrowDown" ? r.nextElementSibling : e.key === "ArrowUp" ? r.previousElementSibling : null;
     if (to) { to.focus(); e.preventDefault(); }
   });
+  ns.value = new URLSearchParams(location.search).get("namespace") || "";
   connect();
 })();
