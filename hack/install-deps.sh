@@ -6,9 +6,10 @@
 # (e2e/sshhost: a dockerd of its own and a debootstrapped Debian image).
 # ipset and busybox-static go into images: kube-router (the test CNI) runs
 # iptables, ipset and ip from this machine like kube-proxy runs iptables, and
-# its CNI-config init container and the e2e workload run busybox.
+# its CNI-config init container and the e2e workload run busybox. chromium
+# (headless) is the real browser the dashboard's tests drive.
 set -euo pipefail
-pkgs=(make git runc iptables conntrack iproute2 socat ca-certificates docker.io debootstrap ipset busybox-static)
+pkgs=(make git runc iptables conntrack iproute2 socat ca-certificates docker.io debootstrap ipset busybox-static chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
