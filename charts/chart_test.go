@@ -43,7 +43,7 @@ func helm(t *testing.T, args ...string) string {
 
 func TestHelmLint(t *testing.T) {
 	for _, set := range [][]string{nil, {"--set", "webhook.certManager.enabled=true"}, {"--set", "defaultDataStore.create=false,metrics.enabled=false"},
-		{"--set", monitoringSet}} {
+		{"--set", monitoringSet}, {"--set", dashboardSet}} {
 		out := helm(t, append([]string{"lint", "--strict", "apiary"}, set...)...)
 		if !strings.Contains(out, "0 chart(s) failed") {
 			t.Errorf("helm lint %v:\n%s", set, out)
@@ -58,6 +58,7 @@ func TestHelmTemplateGolden(t *testing.T) {
 		"dev":          {"--set", "replicaCount=1,defaultDataStore.managed.storage.emptyDir=true,operator.imageRepository=mirror.example.com/k8s"},
 		"namespaced":   {"--set", "operator.tenantNamespaces={team-a,team-b}"},
 		"monitoring":   {"--set", monitoringSet},
+		"dashboard":    {"--set", dashboardSet},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := helm(t, append([]string{"template", "apiary", "apiary", "--namespace", "apiary-system"}, set...)...)
@@ -288,5 +289,59 @@ func TestHelmRBACNarrowedToNamespaces(t *testing.T) {
 		if !cluster[g] {
 			t.Errorf("%s not granted cluster-wide: a namespace being deleted would keep its tenants and Hosts forever", g)
 		}
+	}
+}
+
+// dashboardSet turns on the dashboard with what it requires.
+const dashboardSet = "dashboard.enabled=true,dashboard.tlsSecretName=dashboard-tls,dashboard.sessionSecretName=dashboard-session," +
+	"dashboard.oidc.issuer=https://idp.example,dashboard.oidc.clientID=dashboard,dashboard.oidc.clientSecretName=dashboard-oidc," +
+	"dashboard.oidc.redirectURL=https://dashboard.example/callback,dashboard.ingress.enabled=true,dashboard.ingress.host=dashboard.example"
+
+// The dashboard refuses to render without what it cannot run without,
+// naming the value; and its identity may impersonate and nothing else.
+func TestHelmDashboard(t *testing.T) {
+	bin, err := testenv.HelmBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, value := range []string{"dashboard.tlsSecretName", "dashboard.sessionSecretName", "dashboard.oidc.issuer",
+		"dashboard.oidc.clientID", "dashboard.oidc.redirectURL", "dashboard.ingress.host"} {
+		var set []string
+		for _, kv := range strings.Split(dashboardSet, ",") {
+			if !strings.HasPrefix(kv, value+"=") {
+				set = append(set, kv)
+			}
+		}
+		out, err := exec.Command(bin, "template", "apiary", "apiary", "--set", strings.Join(set, ",")).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), value+":") {
+			t.Errorf("without %s: %v\n%s", value, err, out)
+		}
+	}
+
+	got := helm(t, "template", "apiary", "apiary", "--namespace", "apiary-system", "--set", dashboardSet, "--show-only", "templates/dashboard.yaml")
+	var roles int
+	for _, doc := range strings.Split(got, "\n---\n") {
+		var o struct {
+			Kind  string
+			Rules []struct {
+				APIGroups, Resources, Verbs, ResourceNames []string
+			}
+		}
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatal(err)
+		}
+		if o.Kind != "ClusterRole" && o.Kind != "Role" {
+			continue
+		}
+		roles++
+		for _, r := range o.Rules {
+			if !slices.Equal(r.APIGroups, []string{""}) || !slices.Equal(r.Verbs, []string{"impersonate"}) ||
+				!slices.Equal(r.Resources, []string{"users", "groups"}) {
+				t.Errorf("the dashboard's %s grants %+v: want impersonate on users and groups only", o.Kind, r)
+			}
+		}
+	}
+	if roles != 1 {
+		t.Errorf("the dashboard has %d roles, want one ClusterRole", roles)
 	}
 }

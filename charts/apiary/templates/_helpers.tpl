@@ -62,3 +62,9 @@ must still remove its finalizers from the tenants and Hosts there. */ -}}
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
+
+{{- define "apiary.dashboardSelectorLabels" -}}
+app.kubernetes.io/name: apiary
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: dashboard
+{{- end -}}
