@@ -32,26 +32,9 @@ import (
 //
 //	go test -tags integration -run '^$' -bench BenchmarkDashboardStream -benchtime=50x -count=1 ./bench/...
 func BenchmarkDashboardStream(b *testing.B) {
-	k := dashtest.Start(b)
-	ctx := b.Context()
 	const tenants = 100
-	for i := range tenants - 1 { // tenant a is there already
-		tcp := &apiary.TenantControlPlane{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t%03d", i), Namespace: "team-a"},
-			Spec:       apiary.TenantControlPlaneSpec{Network: apiary.NetworkSpec{ServiceType: corev1.ServiceTypeClusterIP}},
-		}
-		if err := k.Admin.Create(ctx, tcp); err != nil {
-			b.Fatal(err)
-		}
-	}
-	clients, err := asuser.New(k.Dashboard)
-	if err != nil {
-		b.Fatal(err)
-	}
-	as, err := clients.For(dashtest.Alice)
-	if err != nil {
-		b.Fatal(err)
-	}
+	k, as := aliceWithTenants(b, tenants)
+	ctx := b.Context()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		live.Stream(w, r, as, "team-a")
 	}))
@@ -121,4 +104,29 @@ func BenchmarkDashboardStream(b *testing.B) {
 	b.ReportMetric(q(0.5), "ms-p50-change")
 	b.ReportMetric(q(0.9), "ms-p90-change")
 	b.ReportMetric(q(1), "ms-max-change")
+}
+
+// aliceWithTenants starts a kube-apiserver with n tenants in team-a (t000
+// and on, besides a) and returns alice's impersonating client.
+func aliceWithTenants(b *testing.B, n int) (*dashtest.Cluster, client.WithWatch) {
+	b.Helper()
+	k := dashtest.Start(b)
+	for i := range n - 1 { // tenant a is there already
+		tcp := &apiary.TenantControlPlane{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t%03d", i), Namespace: "team-a"},
+			Spec:       apiary.TenantControlPlaneSpec{Network: apiary.NetworkSpec{ServiceType: corev1.ServiceTypeClusterIP}},
+		}
+		if err := k.Admin.Create(b.Context(), tcp); err != nil {
+			b.Fatal(err)
+		}
+	}
+	clients, err := asuser.New(k.Dashboard)
+	if err != nil {
+		b.Fatal(err)
+	}
+	as, err := clients.For(dashtest.Alice)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return k, as
 }
