@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/apiaryhq/apiary/internal/testenv"
@@ -329,6 +330,18 @@ func TestHelmDashboard(t *testing.T) {
 		}
 		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
 			t.Fatal(err)
+		}
+		if o.Kind == "Deployment" {
+			// Every argument a string: a value ending in ":" (the
+			// prefixes) would make an unquoted one a YAML map, which
+			// the API server refuses.
+			var d appsv1.Deployment
+			if err := yaml.UnmarshalStrict([]byte(doc), &d); err != nil {
+				t.Fatalf("the dashboard's Deployment: %v", err)
+			}
+			if args := d.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--username-prefix=oidc:") || !slices.Contains(args, "--issuer=https://idp.example") {
+				t.Errorf("the dashboard's arguments: %q", args)
+			}
 		}
 		if o.Kind != "ClusterRole" && o.Kind != "Role" {
 			continue

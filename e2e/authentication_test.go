@@ -49,11 +49,17 @@ const oidcAddress = "10.203.0.10"
 // when the test ends.
 func oidcProvider(t *testing.T, ca *pki.KeyPair, port int, clients ...string) string {
 	t.Helper()
-	issuer := fmt.Sprintf("https://%s:%d", oidcAddress, port)
 	var cs []testoidc.Client
 	for _, c := range clients {
 		cs = append(cs, testoidc.Client{ID: c, RedirectURIs: []string{"http://127.0.0.1:8000/callback", "http://" + oidcListen + "/callback"}})
 	}
+	return oidcProviderFor(t, ca, port, cs...)
+}
+
+// oidcProviderFor is oidcProvider with the clients spelled out.
+func oidcProviderFor(t *testing.T, ca *pki.KeyPair, port int, cs ...testoidc.Client) string {
+	t.Helper()
+	issuer := fmt.Sprintf("https://%s:%d", oidcAddress, port)
 	p, err := testoidc.New(testoidc.Config{Issuer: issuer, Clients: cs, Users: []testoidc.User{
 		{Username: "alice", Password: "alice-pw", Email: "alice@example.test", Groups: []string{"team-a"}},
 	}})
@@ -72,6 +78,9 @@ func oidcProvider(t *testing.T, ca *pki.KeyPair, port int, clients ...string) st
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The chain names its CA too, so that a test browser can be told to
+	// trust it by the CA's key (browsertest.Start).
+	cert.Certificate = append(cert.Certificate, ca.Cert.Raw)
 	l, err := tls.Listen("tcp", fmt.Sprintf("%s:%d", oidcAddress, port), &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	if err != nil {
 		t.Fatal(err)

@@ -61,6 +61,7 @@ func TestE2E(t *testing.T) {
 	t.Run("ControlPlanePodDeleted", e.testPodDeletion)
 	t.Run("CertificatesRenewOnTime", e.testCertRenewal)
 	t.Run("TenantAcceptsOIDCTokens", e.testTenantOIDC)
+	t.Run("DashboardInTheCluster", e.testDashboardInTheCluster)
 	t.Run("UpgradeToMissingImagesStopsAndCancels", e.testUpgradeToMissingImages)
 	t.Run("WebhookRejectsBadSpecs", e.testWebhook)
 	t.Run("WebhookRefusesBoundaryFlags", e.testProtectedArgs)
@@ -467,31 +468,43 @@ func (e *env) testWebhook(t *testing.T) {
 // namespace and returns the local port.
 func (e *env) portForward(t *testing.T, pod string, port int) string {
 	t.Helper()
+	return e.portForwardTo(t, "pod/"+pod, 0, port)
+}
+
+// portForwardTo forwards local (0: any free port) to a port of target
+// (pod/NAME, deployment/NAME) in the Apiary namespace and returns the
+// local port.
+func (e *env) portForwardTo(t *testing.T, target string, local, port int) string {
+	t.Helper()
 	bin, err := testenv.KubeBinary("kubectl")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ports := fmt.Sprintf(":%d", port)
+	if local != 0 {
+		ports = fmt.Sprintf("%d:%d", local, port)
+	}
 	ctx, cancel := context.WithCancel(e.Ctx)
-	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", e.Kubeconfig, "-n", framework.SystemNS, "port-forward", "pod/"+pod, fmt.Sprintf(":%d", port), "--address", "127.0.0.1")
+	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", e.Kubeconfig, "-n", framework.SystemNS, "port-forward", target, ports, "--address", "127.0.0.1")
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	local := ""
+	forwarded := ""
 	sc := bufio.NewScanner(stdout)
 	re := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+)`)
 	for sc.Scan() {
 		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			local = m[1]
+			forwarded = m[1]
 			break
 		}
 	}
-	if local == "" {
-		t.Fatalf("kubectl port-forward to %s:%d did not start", pod, port)
+	if forwarded == "" {
+		t.Fatalf("kubectl port-forward to %s:%d did not start", target, port)
 	}
 	go io.Copy(io.Discard, stdout)
-	return local
+	return forwarded
 }
 
 // etcdRoot connects to the managed etcd as root through a port-forward.

@@ -33,9 +33,9 @@ func Path() (string, error) {
 
 // Start runs a headless Chromium for one test and returns its context;
 // the browser stops with the test. It trusts exactly the certificates
-// given (by their public keys; the servers present them as their leaf:
-// the tests' servers have CAs of their own),
-// and saves downloads in downloads (empty: refused).
+// given, by their public keys, wherever they are in the chain a server
+// presents (a leaf, or a CA the server sends along), and saves downloads
+// in downloads (empty: refused).
 func Start(t testing.TB, downloads string, trust ...*x509.Certificate) context.Context {
 	t.Helper()
 	path, err := Path()
