@@ -13,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/apiaryhq/apiary/dashboard/asuser"
 	"github.com/apiaryhq/apiary/dashboard/live"
@@ -110,6 +112,9 @@ func BenchmarkDashboardStream(b *testing.B) {
 // and on, besides a) and returns alice's impersonating client.
 func aliceWithTenants(b *testing.B, n int) (*dashtest.Cluster, client.WithWatch) {
 	b.Helper()
+	// envtest logs through controller-runtime; quiet, not a stack trace
+	// in the middle of the benchmark's output.
+	ctrllog.SetLogger(logr.Discard())
 	k := dashtest.Start(b)
 	for i := range n - 1 { // tenant a is there already
 		tcp := &apiary.TenantControlPlane{
