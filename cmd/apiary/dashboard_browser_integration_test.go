@@ -312,6 +312,7 @@ func TestDashboardInABrowser(t *testing.T) {
 // real OpenID provider (alice, password alice-pw, group team-a).
 type signedInDashboard struct {
 	url      string
+	ca       *pki.KeyPair // the CA of its serving certificate
 	serving  *pki.KeyPair // its serving certificate
 	provider *httptest.Server
 	hashKey  []byte
@@ -338,7 +339,7 @@ func startSignedInDashboard(t *testing.T, e *testEnv) *signedInDashboard {
 	}
 	key, _ := serving.KeyPEM()
 	port := freePort(t)
-	d := &signedInDashboard{url: "https://127.0.0.1:" + port, serving: serving, hashKey: bytes.Repeat([]byte{3}, 32), blockKey: bytes.Repeat([]byte{5}, 32)}
+	d := &signedInDashboard{url: "https://127.0.0.1:" + port, ca: ca, serving: serving, hashKey: bytes.Repeat([]byte{3}, 32), blockKey: bytes.Repeat([]byte{5}, 32)}
 	redirect := d.url + signin.CallbackPath
 	d.provider = httptest.NewUnstartedServer(nil)
 	d.provider.StartTLS()
@@ -364,7 +365,10 @@ func startSignedInDashboard(t *testing.T, e *testEnv) *signedInDashboard {
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("the dashboard stopped with exit %d", code)
+			}
 		case <-time.After(10 * time.Second):
 			t.Error("the dashboard did not stop with its context")
 		}

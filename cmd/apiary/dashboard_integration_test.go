@@ -4,18 +4,13 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,7 +23,6 @@ import (
 	"github.com/apiaryhq/apiary/dashboard/signin"
 	"github.com/apiaryhq/apiary/internal/testoidc"
 	apiaryv1alpha1 "github.com/apiaryhq/apiary/operator/api/v1alpha1"
-	"github.com/apiaryhq/apiary/pki"
 )
 
 // "apiary dashboard --local" serves the overview and the live stream with
@@ -122,66 +116,17 @@ func TestDashboardSignedIn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kubeconfig := e.writeKubeconfig(t, e.kubeconfig, "")
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	// The dashboard's serving certificate, from a CA of its own.
-	ca, err := pki.NewCA("dashboard-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving, err := ca.Sign(pki.Request{CommonName: "dashboard", IPs: []net.IP{net.ParseIP("127.0.0.1")}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _ := serving.KeyPEM()
-	certFile, keyFile := write("tls.crt", serving.CertPEM()), write("tls.key", key)
-	port := freePort(t)
-	redirect := "https://127.0.0.1:" + port + signin.CallbackPath
-
-	prov := httptest.NewUnstartedServer(nil)
-	prov.StartTLS()
-	defer prov.Close()
-	p, err := testoidc.New(testoidc.Config{Issuer: prov.URL,
-		Clients: []testoidc.Client{{ID: "dashboard", Secret: "s3cret", RedirectURIs: []string{redirect}}},
-		Users:   []testoidc.User{{Username: "alice", Password: "alice-pw", Email: "alice@example.test", Groups: []string{"team-a"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prov.Config.Handler = p
-	provCA := write("idp-ca.crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: prov.Certificate().Raw}))
-
+	d := startSignedInDashboard(t, e)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	out, w := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"dashboard", "--listen", "127.0.0.1:" + port, "--kubeconfig", kubeconfig,
-			"--tls-cert-file", certFile, "--tls-key-file", keyFile,
-			"--session-hash-key-file", write("hash.key", bytes.Repeat([]byte{7}, 32)),
-			"--session-block-key-file", write("block.key", bytes.Repeat([]byte{9}, 32)),
-			"--issuer", prov.URL, "--issuer-ca-file", provCA, "--client-id", "dashboard",
-			"--client-secret-file", write("secret", []byte("s3cret\n")), "--redirect-url", redirect}, w, io.Discard)
-		_ = w.Close()
-	}()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.Contains(line, "https://127.0.0.1:"+port+"/") {
-		t.Fatalf("printed %q (%v), want the dashboard's address", line, err)
-	}
-	go func() { _, _ = io.Copy(io.Discard, out) }()
+	redirect := d.url + signin.CallbackPath
 
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
+	pool.AddCert(d.ca.Cert)
 	jar, _ := cookiejar.New(nil)
 	browser := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	base := "https://127.0.0.1:" + port
+	base := d.url
 	resp, err := browser.Get(base + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +140,7 @@ func TestDashboardSignedIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = resp.Body.Close()
-	back, err := testoidc.Browse(ctx, prov.Client(), resp.Header.Get("Location"), redirect, "alice", "alice-pw")
+	back, err := testoidc.Browse(ctx, d.provider.Client(), resp.Header.Get("Location"), redirect, "alice", "alice-pw")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,12 +180,6 @@ func TestDashboardSignedIn(t *testing.T) {
 	_ = resp.Body.Close()
 	if !strings.Contains(data, `"name":"ours"`) {
 		t.Errorf("alice's stream of dash-team: %s %q, want tenant ours", resp.Status, data)
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Error("the dashboard did not stop with its context")
 	}
 }
 
