@@ -102,6 +102,30 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A DataStore short of members, which alice's team may see (a
+	// ClusterRole: DataStores are cluster-scoped).
+	ds := &apiaryv1alpha1.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "browser-shared"},
+		Spec: apiaryv1alpha1.DataStoreSpec{Managed: &apiaryv1alpha1.ManagedEtcd{Replicas: 3, Namespace: team}}}
+	if err := e.client.Create(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	ds.Status = apiaryv1alpha1.DataStoreStatus{ReadyMembers: 1, Tenants: 4, Conditions: []metav1.Condition{{Type: apiaryv1alpha1.ConditionReady,
+		Status: metav1.ConditionFalse, Reason: "MembersNotReady", Message: "1 of 3 members ready", LastTransitionTime: metav1.Now()}}}
+	if err := e.client.Status().Update(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "browser-read-datastores"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{apiaryv1alpha1.GroupVersion.Group}, Resources: []string{"datastores"}, Verbs: []string{"list", "watch"}}}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "browser-read-datastores"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "browser-read-datastores"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, Name: "oidc:team-a"}}},
+	} {
+		if err := e.client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	d := startSignedInDashboard(t, e)
 	downloads := t.TempDir()
 	b := browsertest.Start(t, downloads, d.serving.Cert, d.provider.Certificate())
@@ -168,11 +192,19 @@ func TestDashboardInABrowser(t *testing.T) {
 	if body, _ := browsertest.Text(b, "#tenants tbody"); strings.Contains(body, "secret-project") {
 		t.Errorf("alice's overview shows the other team's tenant: %q", body)
 	}
+	// Beside the tenants: the DataStore short of members first, and the
+	// namespace's failing Host with a link to its tenant.
+	waitText("#datastores tbody tr.attention", "browser-shared")
+	waitText("#datastores tbody", "1/3")
+	waitText("#datastores tbody", "1 of 3 members ready")
+	waitText("#host-counts", "1 hosts: 1 Failed")
+	waitText("#hosts tbody tr.attention", "web-worker-1")
 	shot("dashboard-overview.png")
 
 	// The other namespace: refused by the API server, and the page says so.
 	run("ask for the other namespace", chromedp.SetValue(chromedp.ID("namespace"), other), chromedp.Submit(chromedp.ID("namespace")))
 	waitText("#status", "forbidden")
+	waitText("#hosts-unavailable", "Not shown")
 	if body, _ := browsertest.Text(b, "#tenants tbody"); body != "" {
 		t.Errorf("the overview of %s shows %q, want nothing", other, body)
 	}

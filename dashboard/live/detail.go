@@ -45,7 +45,9 @@ func DetailOf(tcp *apiary.TenantControlPlane) Detail {
 
 // Host is what the tenant page shows of one of its Hosts.
 type Host struct {
+	Namespace   string            `json:"namespace"`
 	Name        string            `json:"name"`
+	Tenant      string            `json:"tenant"`
 	Address     string            `json:"address"`
 	Role        string            `json:"role,omitempty"`
 	Phase       string            `json:"phase,omitempty"`
@@ -58,7 +60,7 @@ type Host struct {
 
 // HostOf is the tenant page's view of h.
 func HostOf(h *apiary.Host) Host {
-	v := Host{Name: h.Name, Address: h.Spec.Address, Role: string(h.Spec.Role), Phase: string(h.Status.Phase),
+	v := Host{Namespace: h.Namespace, Name: h.Name, Tenant: h.Spec.TenantControlPlane, Address: h.Spec.Address, Role: string(h.Spec.Role), Phase: string(h.Status.Phase),
 		Version: h.Status.Version, UpgradingTo: h.Status.UpgradingTo, NodeName: h.Status.NodeName, Journal: h.Status.Journal}
 	for _, c := range h.Status.Conditions {
 		v.Conditions = append(v.Conditions, Condition{Type: c.Type, Status: string(c.Status), Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
@@ -114,18 +116,14 @@ func TenantStream(w http.ResponseWriter, r *http.Request, c Watcher, namespace, 
 	}
 	sources := []source{{tw, encodeDetail}}
 	var first []message
-	unavailable := func(part string, err error) {
-		data, _ := json.Marshal(map[string]string{"part": part, "message": err.Error()})
-		first = append(first, message{name: EventUnavailable, data: data})
-	}
 	if hw, err := c.Watch(ctx, &apiary.HostList{}, client.InNamespace(namespace)); err != nil {
-		unavailable("hosts", err)
+		first = append(first, unavailable("hosts", err))
 	} else {
 		sources = append(sources, source{hw, hostsOf(name)})
 	}
 	if ew, err := c.Watch(ctx, &corev1.EventList{}, client.InNamespace(namespace),
 		client.MatchingFieldsSelector{Selector: fields.SelectorFromSet(fields.Set{"involvedObject.name": name, "involvedObject.kind": "TenantControlPlane"})}); err != nil {
-		unavailable("events", err)
+		first = append(first, unavailable("events", err))
 	} else {
 		sources = append(sources, source{ew, encodeEvent})
 	}
@@ -140,14 +138,14 @@ func encodeDetail(ev watch.Event) (string, []byte, bool) {
 	return encode(ev)
 }
 
-// hostsOf keeps the Hosts of one tenant.
+// hostsOf keeps the Hosts of one tenant (every Host when empty).
 func hostsOf(tenant string) func(watch.Event) (string, []byte, bool) {
 	return func(ev watch.Event) (string, []byte, bool) {
 		h, ok := ev.Object.(*apiary.Host)
 		switch {
 		case ev.Type == watch.Error:
 			return encode(ev)
-		case !ok || h.Spec.TenantControlPlane != tenant || !slices.Contains([]watch.EventType{watch.Added, watch.Modified, watch.Deleted}, ev.Type):
+		case !ok || (tenant != "" && h.Spec.TenantControlPlane != tenant) || !slices.Contains([]watch.EventType{watch.Added, watch.Modified, watch.Deleted}, ev.Type):
 			return "", nil, false
 		}
 		data, _ := json.Marshal(HostOf(h))

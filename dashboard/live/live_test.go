@@ -2,6 +2,7 @@ package live
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,5 +113,30 @@ func TestEncodeTenantParts(t *testing.T) {
 	}
 	if name, _, _ := encodeDetail(watch.Event{Type: watch.Deleted, Object: tcp}); name != EventDeleted {
 		t.Errorf("a deleted tenant is sent as %q", name)
+	}
+}
+
+// The overview sees a DataStore's health and counts, never which tenants
+// (other teams') use it.
+func TestEncodeDataStore(t *testing.T) {
+	ds := &apiary.DataStore{ObjectMeta: metav1.ObjectMeta{Name: "shared"}, Spec: apiary.DataStoreSpec{Managed: &apiary.ManagedEtcd{Replicas: 3}}}
+	ds.Status = apiary.DataStoreStatus{ReadyMembers: 2, Tenants: 5, UsedBy: []string{"team-b/secret-project"},
+		Conditions: []metav1.Condition{{Type: apiary.ConditionReady, Status: metav1.ConditionFalse, Reason: "MembersNotReady", Message: "2 of 3"}}}
+	name, data, _ := encodeDataStore(watch.Event{Type: watch.Modified, Object: ds})
+	var got DataStore
+	if err := json.Unmarshal(data, &got); err != nil || name != EventDataStore {
+		t.Fatalf("%q %s: %v", name, data, err)
+	}
+	if want := (DataStore{Name: "shared", Ready: "False", Reason: "MembersNotReady", Message: "2 of 3", Managed: true, Members: 3, ReadyMembers: 2, Tenants: 5}); got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if strings.Contains(string(data), "secret-project") {
+		t.Errorf("the overview's DataStore names another team's tenant: %s", data)
+	}
+	if name, _, _ := encodeDataStore(watch.Event{Type: watch.Deleted, Object: ds}); name != EventDataStoreDeleted {
+		t.Errorf("a deleted DataStore is sent as %q", name)
+	}
+	if name, _, _ := hostsOf("")(watch.Event{Type: watch.Added, Object: &apiary.Host{Spec: apiary.HostSpec{TenantControlPlane: "any"}}}); name != EventHost {
+		t.Errorf("the overview's Hosts: %q, want every Host", name)
 	}
 }

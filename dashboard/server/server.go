@@ -107,6 +107,9 @@ func New(opts Options) (http.Handler, error) {
 	mux.Handle("GET /api/tenants/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
 		live.Stream(w, r, c, r.URL.Query().Get("namespace"))
 	}))
+	mux.Handle("GET /api/infrastructure/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		live.Infrastructure(w, r, c, r.URL.Query().Get("namespace"))
+	}))
 	mux.Handle("GET /api/tenants/{namespace}/{name}/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
 		key, err := tenantKey(r)
 		if err != nil {

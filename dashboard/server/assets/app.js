@@ -1,6 +1,7 @@
-// The overview: one EventSource on the API's stream of tenants (a watch
-// made as the signed-in user); rows change as events arrive, no polling.
-// Tenants needing attention first, a filter, and pages of 25.
+// The overview: an EventSource on the API's stream of tenants and one on
+// its DataStores and Hosts (watches made as the signed-in user); rows
+// change as events arrive, no polling. Tenants needing attention first, a
+// filter, and pages of 25.
 "use strict";
 (function () {
   const {el, row} = apiary;
@@ -13,7 +14,8 @@
   const counts = document.getElementById("counts");
   const pageInfo = document.getElementById("page-info");
   const prev = document.getElementById("prev"), next = document.getElementById("next");
-  let source, page = 0;
+  let source, infra, page = 0;
+  const datastores = new Map(), hosts = new Map();
 
   function attention(t) {
     const bad = (t.conditions || []).filter(c => c.status !== "True" && c.type !== "Upgrading");
@@ -44,6 +46,48 @@
       return tr;
     }));
   }
+  // DataStores not Ready first; Hosts counted by phase, those failing or
+  // with a condition not True listed.
+  function renderInfra() {
+    const ds = [...datastores.values()].sort((a, b) => (a.ready === "True") - (b.ready === "True") || a.name.localeCompare(b.name));
+    document.querySelector("#datastores tbody").replaceChildren(...ds.map(d => {
+      const tr = row([d.name, d.ready + (d.reason ? " (" + d.reason + ")" : ""), d.readyMembers + "/" + d.members, d.tenants, d.ready === "True" ? "" : d.message]);
+      if (d.ready !== "True") tr.className = "attention";
+      return tr;
+    }));
+    const all = [...hosts.values()];
+    const byPhase = new Map();
+    for (const h of all) byPhase.set(h.phase || "Pending", (byPhase.get(h.phase || "Pending") || 0) + 1);
+    document.getElementById("host-counts").textContent = all.length + " hosts" + (all.length ? ": " + [...byPhase].sort().map(([p, n]) => n + " " + p).join(", ") : "");
+    const bad = all.map(h => [h, (h.conditions || []).filter(c => c.status !== "True").map(c => c.type + ": " + (c.reason || "") + (c.message ? " — " + c.message : "")).join("; ")])
+      .filter(([h, why]) => h.phase === "Failed" || why)
+      .sort(([a], [b]) => (a.namespace + "/" + a.name).localeCompare(b.namespace + "/" + b.name));
+    const tbl = document.getElementById("hosts");
+    tbl.hidden = bad.length === 0;
+    tbl.querySelector("tbody").replaceChildren(...bad.map(([h, why]) => {
+      const link = el("a", h.namespace + "/" + h.tenant, {href: "/tenants/" + encodeURIComponent(h.namespace) + "/" + encodeURIComponent(h.tenant)});
+      const tr = row([h.name + " (" + h.address + ")", link, h.phase || "", why || "failed"]);
+      tr.className = "attention";
+      return tr;
+    }));
+  }
+  function connectInfra(scope) {
+    if (infra) infra.close();
+    datastores.clear();
+    hosts.clear();
+    for (const part of ["datastores", "hosts"]) document.getElementById(part + "-unavailable").hidden = true;
+    renderInfra();
+    infra = new EventSource("/api/infrastructure/stream?namespace=" + encodeURIComponent(scope));
+    infra.addEventListener("unavailable", e => {
+      const u = JSON.parse(e.data);
+      const p = document.getElementById(u.part + "-unavailable");
+      if (p) { p.textContent = "Not shown: " + u.message; p.hidden = false; }
+    });
+    infra.addEventListener("datastore", e => { const d = JSON.parse(e.data); datastores.set(d.name, d); renderInfra(); });
+    infra.addEventListener("datastore-deleted", e => { datastores.delete(JSON.parse(e.data).name); renderInfra(); });
+    infra.addEventListener("host", e => { const h = JSON.parse(e.data); hosts.set(h.namespace + "/" + h.name, h); renderInfra(); });
+    infra.addEventListener("host-deleted", e => { const h = JSON.parse(e.data); hosts.delete(h.namespace + "/" + h.name); renderInfra(); });
+  }
   function connect() {
     if (source) source.close();
     tenants.clear();
@@ -51,6 +95,7 @@
     render();
     const scope = ns.value.trim();
     history.replaceState(null, "", scope ? "?namespace=" + encodeURIComponent(scope) : "/");
+    connectInfra(scope);
     const url = "/api/tenants/stream?namespace=" + encodeURIComponent(scope);
     const mine = source = new EventSource(url);
     source.onopen = () => { status.textContent = "live"; };
