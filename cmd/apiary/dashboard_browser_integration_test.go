@@ -201,6 +201,29 @@ func TestDashboardInABrowser(t *testing.T) {
 	waitText("#hosts tbody tr.attention", "web-worker-1")
 	shot("dashboard-overview.png")
 
+	// The DataStore's page, live: its members coming back show at once.
+	run("open the DataStore", chromedp.Click(chromedp.CSS(`#datastores a[href="/datastores/browser-shared"]`)))
+	waitText("#summary", "1 ready of 3")
+	waitText("#conditions tr.attention", "MembersNotReady")
+	ds.Status.ReadyMembers = 3
+	meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{Type: apiaryv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "MembersReady", Message: "3 of 3 members ready"})
+	if err := e.client.Status().Update(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	waitText("#summary", "3 ready of 3")
+	waitText("#conditions", "MembersReady")
+	// The Host's page: its journal, the owner's markup as text.
+	run("back to the overview", chromedp.Navigate(d.url+"/?namespace="+team))
+	run("open the Host", chromedp.WaitVisible(chromedp.CSS(`#hosts a[href="/hosts/`+team+`/web-worker-1"]`)),
+		chromedp.Click(chromedp.CSS(`#hosts a[href="/hosts/`+team+`/web-worker-1"]`)))
+	waitText("#summary", "192.0.2.21")
+	waitText("#journal", hostileMarkup)
+	if n, err := chromedp.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("main img, main b").length`)); err != nil || n != 0 {
+		t.Errorf("the Host page made %d elements of its journal (%v), want its text", n, err)
+	}
+	run("back to the overview", chromedp.Navigate(d.url+"/?namespace="+team))
+	waitText("#counts", "3 tenants: 3 Ready")
+
 	// The other namespace: refused by the API server, and the page says so.
 	run("ask for the other namespace", chromedp.SetValue(chromedp.ID("namespace"), other), chromedp.Submit(chromedp.ID("namespace")))
 	waitText("#status", "forbidden")

@@ -38,6 +38,9 @@ type CheckSwitchFunc func(ctx context.Context, c client.Client, tcp *apiary.Tena
 // refused before it reaches the API server.
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
+// dnsSubdomain is what a DataStore's and a Host's name are.
+var dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+
 // tenantKey is the tenant a request's path names, or an error to answer.
 func tenantKey(r *http.Request) (client.ObjectKey, error) {
 	key := client.ObjectKey{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}

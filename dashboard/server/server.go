@@ -107,6 +107,24 @@ func New(opts Options) (http.Handler, error) {
 	mux.Handle("GET /api/tenants/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
 		live.Stream(w, r, c, r.URL.Query().Get("namespace"))
 	}))
+	mux.Handle("GET /datastores/{name}", page("datastore.html"))
+	mux.Handle("GET /hosts/{namespace}/{name}", page("host.html"))
+	mux.Handle("GET /api/datastores/{name}/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		name := r.PathValue("name")
+		if !dnsSubdomain.MatchString(name) {
+			http.Error(w, fmt.Sprintf("name %q must be a DNS subdomain", name), http.StatusBadRequest)
+			return
+		}
+		live.DataStoreStream(w, r, c, name)
+	}))
+	mux.Handle("GET /api/hosts/{namespace}/{name}/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
+		ns, name := r.PathValue("namespace"), r.PathValue("name")
+		if !dnsLabel.MatchString(ns) || !dnsSubdomain.MatchString(name) {
+			http.Error(w, fmt.Sprintf("namespace %q must be a DNS label and name %q a DNS subdomain", ns, name), http.StatusBadRequest)
+			return
+		}
+		live.HostStream(w, r, c, ns, name)
+	}))
 	mux.Handle("GET /api/infrastructure/stream", withClient(func(w http.ResponseWriter, r *http.Request, c client.WithWatch) {
 		live.Infrastructure(w, r, c, r.URL.Query().Get("namespace"))
 	}))

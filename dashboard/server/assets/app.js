@@ -51,7 +51,7 @@
   function renderInfra() {
     const ds = [...datastores.values()].sort((a, b) => (a.ready === "True") - (b.ready === "True") || a.name.localeCompare(b.name));
     document.querySelector("#datastores tbody").replaceChildren(...ds.map(d => {
-      const tr = row([d.name, d.ready + (d.reason ? " (" + d.reason + ")" : ""), d.readyMembers + "/" + d.members, d.tenants, d.ready === "True" ? "" : d.message]);
+      const tr = row([el("a", d.name, {href: "/datastores/" + encodeURIComponent(d.name)}), d.ready + (d.reason ? " (" + d.reason + ")" : ""), d.readyMembers + "/" + d.members, d.tenants, d.ready === "True" ? "" : d.message]);
       if (d.ready !== "True") tr.className = "attention";
       return tr;
     }));
@@ -66,7 +66,8 @@
     tbl.hidden = bad.length === 0;
     tbl.querySelector("tbody").replaceChildren(...bad.map(([h, why]) => {
       const link = el("a", h.namespace + "/" + h.tenant, {href: "/tenants/" + encodeURIComponent(h.namespace) + "/" + encodeURIComponent(h.tenant)});
-      const tr = row([h.name + " (" + h.address + ")", link, h.phase || "", why || "failed"]);
+      const host = el("a", h.name, {href: "/hosts/" + encodeURIComponent(h.namespace) + "/" + encodeURIComponent(h.name)});
+      const tr = row([host, link, h.phase || "", why || "failed"]);
       tr.className = "attention";
       return tr;
     }));
@@ -109,7 +110,11 @@
         const why = (await resp.text()).trim();
         status.textContent = (scope ? "tenants in namespace " + scope : "tenants in all namespaces") + ": " + why +
           (resp.status === 403 && !scope ? " — choose a namespace you may read" : "");
-      }).catch(() => {});
+      }).catch(() => {
+        // No answer at all (the network changed, the dashboard
+        // restarted): try again, as EventSource itself would.
+        if (source === mine) setTimeout(() => { if (source === mine) connect(); }, 2000);
+      });
     };
     source.addEventListener("tenant", e => { const t = JSON.parse(e.data); tenants.set(t.namespace + "/" + t.name, t); render(); });
     source.addEventListener("tenant-deleted", e => { const t = JSON.parse(e.data); tenants.delete(t.namespace + "/" + t.name); render(); });

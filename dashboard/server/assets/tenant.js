@@ -70,6 +70,7 @@
       tbl.appendChild(el("tbody")).replaceChildren(...(h.journal || []).map(s =>
         row([s.name, s.result, age(s.started) + " ago", s.finished ? Math.round((new Date(s.finished) - new Date(s.started)) / 1000) + "s" : "running", s.attempts || 1, s.message], s.result === "Failed" ? {class: "attention"} : {})));
       d.appendChild(tbl);
+      d.appendChild(el("a", "Host page of " + h.name, {href: "/hosts/" + encodeURIComponent(ns) + "/" + encodeURIComponent(h.name)}));
       return d;
     }));
     document.querySelector("#events tbody").replaceChildren(...[...events.values()]
