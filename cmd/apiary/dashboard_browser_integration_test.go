@@ -285,7 +285,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 	// Scale: cancelled changes nothing; confirmed scales as alice; a
 	// count the API refuses shows the API's rule.
-	run("scale, then cancel", chromedp.SetValue(chromedp.ID("replicas"), "3"), chromedp.Click(chromedp.ID("scale")),
+	run("scale, then cancel", browsertest.SetValue("#replicas", "3"), chromedp.Click(chromedp.ID("scale")),
 		chromedp.WaitVisible(chromedp.ID("confirm")))
 	waitText("#confirm-title", "from 2 to 3 replicas")
 	run("cancel", chromedp.Click(chromedp.ID("confirm-cancel")), chromedp.WaitNotVisible(chromedp.ID("confirm")))
@@ -293,14 +293,14 @@ func TestDashboardInABrowser(t *testing.T) {
 	if n, _ := spec(); n != 2 {
 		t.Fatalf("after a cancelled scale: spec.replicas %d, want 2", n)
 	}
-	run("scale, then confirm", chromedp.SetValue(chromedp.ID("replicas"), "3"), chromedp.Click(chromedp.ID("scale")),
+	run("scale, then confirm", browsertest.SetValue("#replicas", "3"), chromedp.Click(chromedp.ID("scale")),
 		chromedp.WaitVisible(chromedp.ID("confirm-ok")), chromedp.Click(chromedp.ID("confirm-ok")))
 	waitText("#action-result", "scaled "+team+"/web to 3 replicas")
 	if n, _ := spec(); n != 3 {
 		t.Fatalf("after the confirmed scale: spec.replicas %d, want 3", n)
 	}
 	waitText("#summary", "desired 3")
-	run("scale beyond the API's maximum", chromedp.SetValue(chromedp.ID("replicas"), "8"), chromedp.Click(chromedp.ID("scale")),
+	run("scale beyond the API's maximum", browsertest.SetValue("#replicas", "8"), chromedp.Click(chromedp.ID("scale")),
 		chromedp.WaitVisible(chromedp.ID("confirm-ok")), chromedp.Click(chromedp.ID("confirm-ok")))
 	waitText("#action-result", "not scaled")
 	waitText("#action-result", "spec.replicas")

@@ -44,7 +44,10 @@
     ph.textContent = t.phase || "";
     ph.dataset.phase = t.phase || "";
     const replicas = document.getElementById("replicas");
-    if (document.activeElement !== replicas) replicas.value = t.desiredReplicas || t.replicas || 1;
+    // The count follows the tenant until the user types one: an update
+    // arriving between typing and confirming must not change what is
+    // scaled to.
+    if (!replicas.dataset.edited) replicas.value = t.desiredReplicas || t.replicas || 1;
   }
   function render() {
     if (!tenant) return;
@@ -104,12 +107,17 @@
       result.textContent = "kubeconfig of " + who + " downloaded";
     }
   });
+  document.getElementById("replicas").addEventListener("input", e => { e.target.dataset.edited = "1"; });
   document.getElementById("scale-form").addEventListener("submit", async e => {
     e.preventDefault();
     const n = parseInt(document.getElementById("replicas").value, 10);
     const from = tenant ? (tenant.desiredReplicas || tenant.replicas) : "?";
     if (!await confirm("Scale " + who + " from " + from + " to " + n + " replicas?", [el("p", "The control plane rolls out or in one pod at a time.")], "Scale")) return;
-    try { await post(base + "/scale", {replicas: n}); result.textContent = "scaled " + who + " to " + n + " replicas"; }
+    try {
+      await post(base + "/scale", {replicas: n});
+      result.textContent = "scaled " + who + " to " + n + " replicas";
+      delete document.getElementById("replicas").dataset.edited;
+    }
     catch (err) { result.textContent = "not scaled: " + err.message; }
   });
   document.getElementById("switch").addEventListener("click", async () => {
