@@ -61,10 +61,8 @@ type Host struct {
 // HostOf is the tenant page's view of h.
 func HostOf(h *apiary.Host) Host {
 	v := Host{Namespace: h.Namespace, Name: h.Name, Tenant: h.Spec.TenantControlPlane, Address: h.Spec.Address, Role: string(h.Spec.Role), Phase: string(h.Status.Phase),
-		Version: h.Status.Version, UpgradingTo: h.Status.UpgradingTo, NodeName: h.Status.NodeName, Journal: h.Status.Journal}
-	for _, c := range h.Status.Conditions {
-		v.Conditions = append(v.Conditions, Condition{Type: c.Type, Status: string(c.Status), Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
-	}
+		Version: h.Status.Version, UpgradingTo: h.Status.UpgradingTo, NodeName: h.Status.NodeName, Journal: h.Status.Journal,
+		Conditions: conditionsOf(h.Status.Conditions)}
 	return v
 }
 

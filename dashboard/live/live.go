@@ -50,10 +50,17 @@ func TenantOf(tcp *apiary.TenantControlPlane) Tenant {
 		Version: tcp.Status.Version, DesiredVersion: tcp.Spec.Version, Endpoint: tcp.Status.Endpoint,
 		Replicas: tcp.Status.Replicas, ReadyReplicas: tcp.Status.ReadyReplicas,
 	}
-	for _, c := range tcp.Status.Conditions {
-		t.Conditions = append(t.Conditions, Condition{Type: c.Type, Status: string(c.Status), Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
-	}
+	t.Conditions = conditionsOf(tcp.Status.Conditions)
 	return t
+}
+
+// conditionsOf is the pages' view of an object's conditions.
+func conditionsOf(conds []metav1.Condition) []Condition {
+	var out []Condition
+	for _, c := range conds {
+		out = append(out, Condition{Type: c.Type, Status: string(c.Status), Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
+	}
+	return out
 }
 
 // Event names on the stream.

@@ -23,12 +23,10 @@ type DataStoreDetail struct {
 
 // DataStoreDetailOf is the DataStore page's view of ds.
 func DataStoreDetailOf(ds *apiary.DataStore) DataStoreDetail {
-	d := DataStoreDetail{DataStore: DataStoreOf(ds), Endpoints: ds.Status.Endpoints, Members: ds.Status.Members}
+	d := DataStoreDetail{DataStore: DataStoreOf(ds), Endpoints: ds.Status.Endpoints, Members: ds.Status.Members,
+		Conditions: conditionsOf(ds.Status.Conditions)}
 	if ds.Spec.Managed != nil {
 		d.Version = ds.Spec.Managed.Version
-	}
-	for _, c := range ds.Status.Conditions {
-		d.Conditions = append(d.Conditions, Condition{Type: c.Type, Status: string(c.Status), Reason: c.Reason, Message: c.Message, Since: c.LastTransitionTime.Time})
 	}
 	return d
 }

@@ -27,7 +27,7 @@ import (
 //go:embed assets
 var assets embed.FS
 
-var pages = template.Must(template.ParseFS(assets, "assets/*.html"))
+var pages = template.Must(template.ParseFS(assets, "assets/*.tmpl", "assets/*.html"))
 
 // Options choose how the dashboard reaches the API: signed-in users
 // (Clients and SignIn) or, run locally, one user's own client (Local).

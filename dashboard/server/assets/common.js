@@ -52,5 +52,17 @@ const apiary = (function () {
     (okLabel ? ok : document.getElementById("confirm-cancel")).focus();
     return new Promise(resolve => d.addEventListener("close", () => resolve(d.returnValue === "ok"), {once: true}));
   }
-  return {el, row, age, until, post, confirm};
+  // conditionRows are the rows of a conditions table; those not True
+  // (but for the ones listed in ok) stand out.
+  function conditionRows(conds, ...ok) {
+    return (conds || []).map(c => row([c.type, c.status, c.reason, c.message, age(c.since)],
+      c.status !== "True" && !ok.includes(c.type) ? {class: "attention"} : {}));
+  }
+  // journalRows are the rows of a Host's journal, failed steps standing out.
+  function journalRows(journal) {
+    return (journal || []).map(s => row([s.name, s.result, age(s.started) + " ago",
+      s.finished ? Math.round((new Date(s.finished) - new Date(s.started)) / 1000) + "s" : "running", s.attempts || 1, s.message],
+      s.result === "Failed" ? {class: "attention"} : {}));
+  }
+  return {el, row, age, until, post, confirm, conditionRows, journalRows};
 })();

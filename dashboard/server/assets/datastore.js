@@ -2,7 +2,7 @@
 // made as the user); the page changes as events arrive, no polling.
 "use strict";
 (function () {
-  const {el, row, age} = apiary;
+  const {el, row, conditionRows} = apiary;
   const name = document.body.dataset.name;
   const status = document.getElementById("status");
   let ds = null;
@@ -16,8 +16,7 @@
     add("Tenants", ds.tenants);
     add("Endpoints", (ds.endpoints || []).join(", "));
     document.getElementById("summary").replaceChildren(...items);
-    document.querySelector("#conditions tbody").replaceChildren(...(ds.conditions || []).map(c =>
-      row([c.type, c.status, c.reason, c.message, age(c.since)], c.status !== "True" ? {class: "attention"} : {})));
+    document.querySelector("#conditions tbody").replaceChildren(...conditionRows(ds.conditions));
     document.querySelector("#members tbody").replaceChildren(...(ds.memberList || []).map(m => row([m.name, m.id, m.learner ? "learner" : "voting"])));
   }
   const source = new EventSource("/api/datastores/" + encodeURIComponent(name) + "/stream");

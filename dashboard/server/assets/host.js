@@ -2,7 +2,7 @@
 // user); the page changes as events arrive, no polling.
 "use strict";
 (function () {
-  const {el, row, age} = apiary;
+  const {el, conditionRows, journalRows} = apiary;
   const ns = document.body.dataset.namespace, name = document.body.dataset.name;
   const status = document.getElementById("status");
   let h = null;
@@ -18,10 +18,8 @@
     add("Version", (h.version || "—") + (h.upgradingTo ? " → " + h.upgradingTo : ""));
     add("Node", h.nodeName);
     document.getElementById("summary").replaceChildren(...items);
-    document.querySelector("#conditions tbody").replaceChildren(...(h.conditions || []).map(c =>
-      row([c.type, c.status, c.reason, c.message, age(c.since)], c.status !== "True" ? {class: "attention"} : {})));
-    document.querySelector("#journal tbody").replaceChildren(...(h.journal || []).map(s =>
-      row([s.name, s.result, age(s.started) + " ago", s.finished ? Math.round((new Date(s.finished) - new Date(s.started)) / 1000) + "s" : "running", s.attempts || 1, s.message], s.result === "Failed" ? {class: "attention"} : {})));
+    document.querySelector("#conditions tbody").replaceChildren(...conditionRows(h.conditions));
+    document.querySelector("#journal tbody").replaceChildren(...journalRows(h.journal));
   }
   const source = new EventSource("/api/hosts/" + encodeURIComponent(ns) + "/" + encodeURIComponent(name) + "/stream");
   source.onopen = () => { status.textContent = "live"; };

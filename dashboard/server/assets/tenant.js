@@ -3,7 +3,7 @@
 // as events arrive, no polling. Actions go through a confirmation.
 "use strict";
 (function () {
-  const {el, row, age, until, post, confirm} = apiary;
+  const {el, row, age, until, post, confirm, conditionRows, journalRows} = apiary;
   const ns = document.body.dataset.namespace, name = document.body.dataset.name;
   const base = "/api/tenants/" + encodeURIComponent(ns) + "/" + encodeURIComponent(name);
   const status = document.getElementById("status");
@@ -52,8 +52,7 @@
   function render() {
     if (!tenant) return;
     summary(tenant);
-    document.querySelector("#conditions tbody").replaceChildren(...(tenant.conditions || []).map(c =>
-      row([c.type, c.status, c.reason, c.message, age(c.since)], c.status !== "True" && c.type !== "Upgrading" ? {class: "attention"} : {})));
+    document.querySelector("#conditions tbody").replaceChildren(...conditionRows(tenant.conditions, "Upgrading"));
     document.querySelector("#certificates tbody").replaceChildren(...(tenant.certificates || []).map(c => {
       const days = Math.floor((new Date(c.notAfter).getTime() - Date.now()) / 86400000);
       return row([c.name, c.secret, new Date(c.notAfter).toISOString().slice(0, 16).replace("T", " "), days, c.renewAt ? "in " + until(c.renewAt) : "not on a timer"], days < 14 ? {class: "attention"} : {});
@@ -70,8 +69,7 @@
         (h.version ? ", " + h.version : "") + (h.upgradingTo ? " → " + h.upgradingTo : "") + (bad.length ? " — " + bad.map(c => c.type + ": " + c.message).join("; ") : "")));
       const tbl = el("table", null, {"aria-label": "Journal of host " + h.name});
       tbl.appendChild(el("thead")).appendChild(row(["Step", "Result", "Started", "Took", "Attempts", "Message"]));
-      tbl.appendChild(el("tbody")).replaceChildren(...(h.journal || []).map(s =>
-        row([s.name, s.result, age(s.started) + " ago", s.finished ? Math.round((new Date(s.finished) - new Date(s.started)) / 1000) + "s" : "running", s.attempts || 1, s.message], s.result === "Failed" ? {class: "attention"} : {})));
+      tbl.appendChild(el("tbody")).replaceChildren(...journalRows(h.journal));
       d.appendChild(tbl);
       d.appendChild(el("a", "Host page of " + h.name, {href: "/hosts/" + encodeURIComponent(ns) + "/" + encodeURIComponent(h.name)}));
       return d;
